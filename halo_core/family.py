@@ -1,0 +1,73 @@
+"""The declaration a family plugin returns from `halo_family()`.
+
+A family says which transformers model types it claims and where its MoE blocks,
+router, experts and attention live. Everything it leaves at the default is the
+common case, handled by the core; it only writes hook implementations where the
+family really differs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+#: Bumped when the hook contract changes incompatibly; plugins declare the version they target.
+PLUGIN_API_VERSION = 1
+
+#: Splits a family may declare. FSDP2 data parallelism is always available and is not declared.
+SPLITS = frozenset({"ep", "cp", "tp", "etp"})
+
+_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
+
+
+def _as_tuple(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a family plugin declares about itself.
+
+    Module paths are patterns over `model.named_modules()` names where `*` stands for
+    one path segment (a layer index, say). A pattern may be a tuple of alternatives.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    version: str
+    api_version: int
+    splits: frozenset[str] = frozenset()
+    #: Modules that hold a router child and an experts child.
+    moe_block: str | tuple[str, ...] = "model.layers.*.mlp"
+    #: Child of a MoE block that computes (router_logits, top_k_weights, top_k_index).
+    router: str = "gate"
+    #: Child of a MoE block with the fused 3-D expert parameters (transformers' experts interface).
+    experts: str = "experts"
+    attention: str | tuple[str, ...] = "model.layers.*.self_attn"
+    #: Config overrides that make a tiny random model of this family build and run (tests, `show`).
+    tiny_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_types", _as_tuple(self.model_types))
+        object.__setattr__(self, "moe_block", _as_tuple(self.moe_block))
+        object.__setattr__(self, "attention", _as_tuple(self.attention))
+        object.__setattr__(self, "splits", frozenset(self.splits))
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(
+                f"Family.name={self.name!r} is not valid: use lower-case letters, digits, '-' or '_', "
+                "starting with a letter (e.g. 'qwen3-moe')"
+            )
+        if not self.model_types or not all(isinstance(t, str) and t for t in self.model_types):
+            raise ValueError(
+                f"Family.model_types={self.model_types!r} must name at least one transformers model type "
+                "(the config's `model_type`, e.g. 'qwen3_moe')"
+            )
+        unknown = self.splits - SPLITS
+        if unknown:
+            raise ValueError(
+                f"Family.splits has {sorted(unknown)}, which Halo does not know; "
+                f"declare a subset of {sorted(SPLITS)} (data parallelism needs no declaration)"
+            )
+        if not isinstance(self.api_version, int):
+            raise ValueError(f"Family.api_version={self.api_version!r} must be an int (this core speaks {PLUGIN_API_VERSION})")

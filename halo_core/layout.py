@@ -1,0 +1,85 @@
+"""Where a family's modules sit in a model: matching declarations, and reading them off a model.
+
+Patterns are module names with ``*`` standing for exactly one path segment, so
+``model.layers.*.mlp`` matches ``model.layers.3.mlp`` and nothing deeper.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from torch import nn
+
+from halo_core.family import Family
+
+
+@lru_cache(maxsize=None)
+def _regex(pattern: str) -> re.Pattern[str]:
+    return re.compile("^" + r"[^.]+".join(re.escape(part) for part in pattern.split("*")) + "$")
+
+
+def matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(_regex(p).match(name) for p in patterns)
+
+
+def find_moe_blocks(model: nn.Module, family: Family) -> list[tuple[str, nn.Module]]:
+    """MoE blocks as the family declares them: a pattern match that has both router and experts children.
+
+    The child check keeps dense MLPs that share a MoE block's path (Qwen3-MoE's
+    ``mlp_only_layers``, say) out of the result.
+    """
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if matches(name, family.moe_block)
+        and isinstance(getattr(module, family.experts, None), nn.Module)
+        and isinstance(getattr(module, family.router, None), nn.Module)
+    ]
+
+
+def find_attention(model: nn.Module, family: Family) -> list[tuple[str, nn.Module]]:
+    return [(name, module) for name, module in model.named_modules() if matches(name, family.attention)]
+
+
+def _fused_expert_count(module: nn.Module) -> int | None:
+    """Number of experts if ``module`` holds fused 3-D expert weights (transformers' experts interface)."""
+    shapes = [p.shape for p in module.parameters(recurse=False) if p.dim() == 3]
+    return shapes[0][0] if shapes else None
+
+
+def _pattern(name: str) -> str:
+    return ".".join("*" if part.isdigit() else part for part in name.split("."))
+
+
+def _unique(items: list[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def infer_layout(model: nn.Module) -> dict[str, tuple[str, ...] | str]:
+    """Read a family declaration's layout fields off an instantiated model.
+
+    A MoE block is a module with a child holding fused 3-D expert weights; its router
+    is the sibling whose weight has one row per expert. Attention modules are those
+    whose class name ends in ``Attention``. Used by ``halo new-family`` to fill in a
+    scaffold; a human confirms the result.
+    """
+    blocks, routers, experts, attention = [], [], [], []
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("Attention"):
+            attention.append(_pattern(name))
+        for child_name, child in module.named_children():
+            count = _fused_expert_count(child)
+            if count is None:
+                continue
+            for router_name, router in module.named_children():
+                weight = getattr(router, "weight", None)
+                if router is not child and isinstance(weight, nn.Parameter) and weight.dim() == 2 and weight.shape[0] == count:
+                    blocks.append(_pattern(name))
+                    routers.append(router_name)
+                    experts.append(child_name)
+    layout: dict[str, tuple[str, ...] | str] = {"moe_block": _unique(blocks), "attention": _unique(attention)}
+    if routers:
+        layout["router"] = routers[0]
+        layout["experts"] = experts[0]
+    return layout
