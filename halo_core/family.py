@@ -21,6 +21,11 @@ SPLITS = frozenset({"ep", "cp", "tp", "etp"})
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
+def is_valid_family_name(name: object) -> bool:
+    """Lower-case letters, digits, '-' and '_', starting with a letter: usable in entry points and package names."""
+    return isinstance(name, str) and bool(_NAME.match(name))
+
+
 def _as_tuple(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
@@ -53,7 +58,7 @@ class Family:
         object.__setattr__(self, "moe_block", _as_tuple(self.moe_block))
         object.__setattr__(self, "attention", _as_tuple(self.attention))
         object.__setattr__(self, "splits", frozenset(self.splits))
-        if not isinstance(self.name, str) or not _NAME.match(self.name):
+        if not is_valid_family_name(self.name):
             raise ValueError(
                 f"Family.name={self.name!r} is not valid: use lower-case letters, digits, '-' or '_', "
                 "starting with a letter (e.g. 'qwen3-moe')"

@@ -26,7 +26,9 @@ TINY_SIZES: dict[str, Any] = {
     "num_local_experts": 8,
     "n_routed_experts": 8,
     "num_experts_per_tok": 2,
-    "max_position_embeddings": 256,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 
 

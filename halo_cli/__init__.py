@@ -1,0 +1,1 @@
+"""The ``halo`` command line."""

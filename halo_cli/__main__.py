@@ -1,0 +1,3 @@
+from halo_cli.main import app
+
+app()

@@ -1,0 +1,55 @@
+"""Entry point of the ``halo`` command: sub-commands are registered here, each in its own module."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+import halo_core
+from halo_cli import families
+from halo_core.errors import HaloError
+
+_typer_app = typer.Typer(
+    help="Halo: distributed post-training for unmodified Hugging Face models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+_typer_app.add_typer(families.app, name="families")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"halo {halo_core.__version__}")
+        raise typer.Exit()
+
+
+@_typer_app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
+) -> None:
+    """Halo: distributed post-training for unmodified Hugging Face models."""
+
+
+@_typer_app.command("new-family")
+def new_family(
+    name: Annotated[str, typer.Argument(help="Family name, e.g. 'my-moe'; the package becomes halo_plugin_my_moe.")],
+    model_type: Annotated[str, typer.Option("--model-type", help="transformers model type the family claims (config.model_type).")],
+    output_dir: Annotated[Path, typer.Option("--output-dir", help="Folder to create halo-plugin-NAME/ in.")] = Path("."),
+    allow_unknown_model_type: Annotated[bool, typer.Option("--allow-unknown-model-type", help="Accept a model type transformers does not know (custom modeling code).")] = False,
+) -> None:
+    """Scaffold an installable family plugin with its conformance test."""
+    from halo_cli.scaffold import render_family
+
+    target = render_family(name, model_type, output_dir, allow_unknown_model_type=allow_unknown_model_type)
+    typer.echo(f"created {target}\nnext: pip install -e {target} && halo families show {name}")
+
+
+def app() -> None:
+    """Run the CLI; Halo's own errors print as one clear line and exit 2 instead of a traceback."""
+    try:
+        _typer_app()  # standalone: usage errors already exit 2 with typer's message
+    except HaloError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise SystemExit(2)

@@ -1,0 +1,1 @@
+"""Scaffolds and example configs; installed as ``halo_cli.templates`` so `halo new-family` finds them in any install."""

@@ -1,0 +1,64 @@
+"""Shared fixtures: real installed plugin distributions in a temporary site folder (no mocked importlib)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+_counter = itertools.count()
+
+PLUGIN_SOURCE = """
+from halo_core import Family, hookimpl
+
+@hookimpl
+def halo_family():
+    return Family(name={name!r}, model_types={model_types!r}, version="1.0", api_version={api_version}, splits=frozenset({splits!r}))
+"""
+
+
+class PluginSite:
+    """A folder on ``sys.path`` (and on ``PYTHONPATH`` for subprocesses) holding plugin distributions with dist-info."""
+
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.root = root
+        monkeypatch.syspath_prepend(str(root))
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+
+    def add(self, dist: str, source: str, *, entry: str | None = None, version: str = "1.0") -> str:
+        """Install a one-module distribution declaring an entry point in ``halo.families``; returns the module name."""
+        module = f"halo_test_plugin_{next(_counter)}_{os.getpid()}"
+        (self.root / f"{module}.py").write_text(textwrap.dedent(source))
+        info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text(f"[halo.families]\n{entry or dist} = {module}\n")
+        return module
+
+    def add_family(self, dist: str, name: str, model_types: tuple[str, ...], *, api_version: int = 1, splits=("ep",), extra: str = "") -> str:
+        source = PLUGIN_SOURCE.format(name=name, model_types=tuple(model_types), api_version=api_version, splits=set(splits)) + textwrap.dedent(extra)
+        return self.add(dist, source, entry=name)
+
+
+@pytest.fixture
+def plugin_site(tmp_path, monkeypatch) -> PluginSite:
+    site = tmp_path / "site"
+    site.mkdir()
+    return PluginSite(site, monkeypatch)
+
+
+def run_halo(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a fresh interpreter (fresh entry-point scan), capturing output."""
+    return subprocess.run(
+        [sys.executable, "-m", "halo_cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
+        timeout=300,
+    )

@@ -1,0 +1,32 @@
+import pytest
+
+from halo_core import PLUGIN_API_VERSION, Family
+
+
+def make(**kw):
+    args = dict(name="fam", model_types=("qwen3_moe",), version="1", api_version=PLUGIN_API_VERSION)
+    args.update(kw)
+    return Family(**args)
+
+
+def test_strings_become_tuples_and_splits_a_frozenset():
+    family = make(model_types="qwen3_moe", moe_block="a.*.b", splits=["ep"])
+    assert family.model_types == ("qwen3_moe",)
+    assert family.moe_block == ("a.*.b",)
+    assert family.splits == frozenset({"ep"})
+
+
+@pytest.mark.parametrize(
+    "kw, needle",
+    [
+        (dict(name="Bad Name"), "Family.name='Bad Name'"),
+        (dict(name=""), "Family.name=''"),
+        (dict(model_types=()), "Family.model_types=()"),
+        (dict(splits={"ep", "zp"}), "['zp']"),
+        (dict(api_version="1"), "api_version='1'"),
+    ],
+)
+def test_bad_declarations_name_the_field_and_value(kw, needle):
+    with pytest.raises(ValueError, match=None) as info:
+        make(**kw)
+    assert needle in str(info.value)
