@@ -26,6 +26,12 @@ class ParallelContext:
     tp: int = 1
     cp: int = 1
     mesh: Any = None
+    #: The expert token dispatcher instance (``halo_core.parallel.dispatch``), when ``ep > 1``.
+    ep_dispatcher: Any = None
+
+    def local_rank(self, dim: str) -> int:
+        """This rank's coordinate along a mesh dimension (0 in a single process)."""
+        return self.mesh.get_local_rank(dim) if self.mesh is not None else 0
 
     def degree(self, split: str) -> int:
         """Degree of a split by its name (``"ep"``, ``"cp"``, ``"tp"``, ``"etp"``)."""

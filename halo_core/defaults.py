@@ -1,8 +1,8 @@
 """The core's own hook implementations: the common case every family gets unless it says otherwise.
 
 Registered last (``trylast``), so a family's implementation that returns non-``None`` wins.
-Split engines arrive in later releases; until a split's engine exists its default
-accepts only degree 1 and says so, rather than silently training a wrong layout.
+Until a split's engine exists (TP, CP, ETP today) its default accepts only degree 1 and
+says so, rather than silently training a wrong layout.
 """
 
 from __future__ import annotations
@@ -26,7 +26,13 @@ def supported_splits(family, model_type):
 
 @hookimpl(trylast=True)
 def wrap_moe_block(module, context):
-    _require_degree_one(context, ("ep", "etp"), "a MoE block")
+    """Common case: distribute the experts child at transformers' experts interface; the router stays as is."""
+    _require_degree_one(context, ("etp",), "a MoE block")
+    if context.ep > 1:
+        from halo_core.parallel.expert_parallel import shard_experts
+
+        experts = getattr(module, context.family.experts)
+        shard_experts(experts, context.local_rank("ep"), context.ep, context.ep_dispatcher)
     return module
 
 

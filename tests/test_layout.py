@@ -61,11 +61,14 @@ def test_an_undeclared_split_is_refused_before_any_module_is_touched():
         adapt_model(model, registry, record, _context(record, cp=2))
 
 
-def test_a_declared_split_without_its_engine_says_so():
+def test_a_declared_split_without_its_engine_says_so(plugin_site):
+    plugin_site.add_family("halo-plugin-eager", "eager", ("olmoe",), splits=("ep", "etp", "cp", "tp"))
     registry = discover(strict=False)
-    record = registry.family_record("qwen3_moe")
-    with pytest.raises(NotImplementedError, match="ep=2 .* no ep engine yet"):
-        adapt_model(tiny_model("qwen3_moe", device="meta"), registry, record, _context(record, ep=2))
+    record = registry.family_record("olmoe")
+    for split in ("etp", "cp", "tp"):
+        context = ParallelContext(family=record.family, model_type="olmoe", model_config=None, **{split: 2})
+        with pytest.raises(NotImplementedError, match=f"{split}=2 .* no {split} engine yet"):
+            adapt_model(tiny_model("olmoe", device="meta"), registry, record, context)
 
 
 def test_a_hook_may_replace_the_module_it_is_given(plugin_site):

@@ -1,25 +1,37 @@
-"""Conformance checks a family plugin runs in its own tests: ``check_family("my-family")``.
+"""``check_family``: the one call a family plugin's tests make.
 
-Today the kit proves what a plugin can get wrong at degree 1: it is discovered through
-its entry point with status ok, its declared paths match every claimed model type's
-real module tree (MoE blocks with router and experts, attention), and running its hooks
-leaves the model's logits unchanged. Multi-process equivalence of each declared split
-is added to the same call as the split engines land, so plugin tests need no change.
+First what a plugin can get wrong at degree 1: it is discovered through its entry point
+with status ok, its declared paths match every claimed model type's real module tree
+(MoE blocks with router and experts, attention), and running its hooks leaves the
+logits unchanged. Then each declared split with an engine (EP today) against the
+single-process reference in spawned gloo processes (``equivalence``).
 """
 
 from __future__ import annotations
+
+import random
 
 import torch
 
 from halo_core.adapt import adapt_model
 from halo_core.context import ParallelContext
 from halo_core.layout import find_attention, find_moe_blocks
+from halo_core.parallel.config import ParallelConfig
 from halo_core.registry import discover
+from halo_core.testing.equivalence import run_layouts
 from halo_core.tiny import tiny_model
 
 
-def check_family(name: str, *, seed: int = 0) -> None:
-    """Raise ``AssertionError`` naming the first way family ``name`` fails the contract."""
+#: Layouts per world size for each split with an engine; data parallelism fills the rest of the world.
+SPLIT_LAYOUTS = {"ep": {2: [ParallelConfig(ep=2)], 4: [ParallelConfig(ep=2), ParallelConfig(ep=4)]}}
+
+
+def check_family(name: str, *, seed: int | None = None) -> None:
+    """Raise ``AssertionError`` naming the first way family ``name`` fails the contract.
+
+    Inputs are drawn fresh each call; a failure names the seed, and ``seed=`` replays it.
+    """
+    seed = random.SystemRandom().randrange(2**31) if seed is None else seed
     registry = discover(strict=False)
     record = registry.by_name(name)
     assert record.ok, f"family {name!r} ({record.distribution}) is broken: {'; '.join(record.errors)}"
@@ -34,6 +46,9 @@ def check_family(name: str, *, seed: int = 0) -> None:
         )
         assert find_attention(model, family), f"{model_type}: no module matches attention={family.attention}"
         _check_identity_at_degree_one(registry, record, model_type, model, seed)
+        for split in sorted(registry.supported_splits(record, model_type) & SPLIT_LAYOUTS.keys()):
+            for world, layouts in SPLIT_LAYOUTS[split].items():
+                run_layouts(name, model_type, world, layouts, seed)
 
 
 def _check_identity_at_degree_one(registry, record, model_type, model, seed) -> None:

@@ -1,0 +1,1 @@
+"""The parallel engine: each step of laying a model out lives in its own module (see ``parallelize``)."""

@@ -1,0 +1,72 @@
+"""Parallel degrees: what the user asks for (``ParallelConfig``) and what it resolves to on a world (``ParallelDims``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from halo_core.errors import LayoutError
+
+SPLIT_NAMES = ("ep", "etp", "tp", "cp")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees of each split (1 = not split) and the expert token-dispatch back-end.
+
+    Data parallelism is whatever the world has left: ``world = dp * cp * tp``; expert
+    parallel groups are carved out of the data-parallel ranks (``dp % (ep * etp) == 0``),
+    so EP does not reduce the number of batches processed per step.
+    """
+
+    ep: int = 1
+    etp: int = 1
+    tp: int = 1
+    cp: int = 1
+    ep_dispatcher: str = "torch"
+
+    def resolve(self, world_size: int) -> "ParallelDims":
+        """Check the degrees against ``world_size``; raise ``LayoutError`` naming the numbers and the fix."""
+        for split in SPLIT_NAMES:
+            value = getattr(self, split)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LayoutError(f"ParallelConfig.{split}={value!r} must be a positive integer (1 = not split)")
+        if world_size % (self.cp * self.tp):
+            raise LayoutError(
+                f"world size {world_size} is not divisible by cp*tp = {self.cp}*{self.tp} = {self.cp * self.tp}; "
+                f"choose cp and tp whose product divides {world_size} (divisors: {_divisors(world_size)})"
+            )
+        dp = world_size // (self.cp * self.tp)
+        if dp % (self.ep * self.etp):
+            raise LayoutError(
+                f"ep*etp = {self.ep}*{self.etp} = {self.ep * self.etp} does not divide the data-parallel size {dp} "
+                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); choose ep*etp among {_divisors(dp)}"
+            )
+        return ParallelDims(world=world_size, dp=dp, ep=self.ep, etp=self.etp, tp=self.tp, cp=self.cp)
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Validated degrees for one world size."""
+
+    world: int
+    dp: int
+    ep: int = 1
+    etp: int = 1
+    tp: int = 1
+    cp: int = 1
+
+    @property
+    def ep_replicas(self) -> int:
+        """How many data-parallel ranks hold the same block of experts."""
+        return self.dp // (self.ep * self.etp)
+
+    def check_experts(self, num_experts: int, where: str) -> None:
+        if num_experts % self.ep:
+            raise LayoutError(
+                f"{where} has {num_experts} experts, which ep={self.ep} does not divide; "
+                f"choose ep among {[d for d in _divisors(num_experts) if self.dp % d == 0]}"
+            )

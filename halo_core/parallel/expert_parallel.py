@@ -1,0 +1,103 @@
+"""Expert parallelism at transformers' experts interface.
+
+Each EP rank keeps a contiguous block of ``num_experts / ep`` experts of the module's own
+fused 3-D parameters. The model keeps its router; its experts forward is switched to the
+``halo_ep`` implementation registered in transformers' ``ALL_EXPERTS_FUNCTIONS``, which
+sends each (token, expert) pair to the rank owning the expert, runs the experts
+implementation the model was using (``grouped_mm`` by default) on the local block,
+sends the results back and combines them with the routing weights where they came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+from halo_core.errors import LayoutError
+from halo_core.parallel.dispatch import TokenDispatcher
+
+IMPLEMENTATION = "halo_ep"
+
+
+@dataclass
+class ExpertShard:
+    """What one EP rank holds of one experts module, and how it talks to its peers."""
+
+    first: int
+    count: int
+    num_experts: int
+    ep_size: int
+    dispatcher: TokenDispatcher
+    inner: Callable[..., torch.Tensor]
+
+
+def expert_parameters(experts: nn.Module, num_experts: int) -> list[str]:
+    """Names of the experts module's own parameters that have one slice per expert."""
+    return [n for n, p in experts.named_parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == num_experts]
+
+
+def count_experts(experts: nn.Module) -> int:
+    shapes = [p.shape[0] for p in experts.parameters(recurse=False) if p.dim() == 3]
+    if not shapes:
+        raise LayoutError(f"{type(experts).__name__} holds no fused 3-D expert weights; implement wrap_moe_block in the family plugin")
+    return shapes[0]
+
+
+def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
+    name = experts.config._experts_implementation
+    if name in (None, "eager"):
+        return type(experts).forward.__wrapped__
+    if name == IMPLEMENTATION:
+        raise LayoutError("this experts module is already expert-parallel; parallelize() a model only once")
+    return ALL_EXPERTS_FUNCTIONS[name]
+
+
+def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher) -> None:
+    """Keep this rank's block of experts (in place) and attach what the ``halo_ep`` forward needs."""
+    if not hasattr(type(experts).forward, "__wrapped__") or not hasattr(experts, "is_transposed"):
+        raise LayoutError(
+            f"{type(experts).__name__} does not use transformers' @use_experts_implementation, so the core "
+            f"cannot distribute it; implement wrap_moe_block in the family plugin"
+        )
+    num_experts = count_experts(experts)
+    count = num_experts // ep_size
+    first = ep_rank * count
+    inner = _inner_implementation(experts)
+    for name in expert_parameters(experts, num_experts):
+        full = getattr(experts, name)
+        setattr(experts, name, nn.Parameter(full.detach()[first : first + count].clone(), requires_grad=full.requires_grad))
+    experts.num_experts = count
+    experts._halo_ep = ExpertShard(first, count, num_experts, ep_size, dispatcher, inner)
+
+
+def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """The ``halo_ep`` experts implementation: same signature and result as transformers' own."""
+    shard: ExpertShard = self._halo_ep
+    num_tokens, top_k = top_k_index.shape
+    expert_ids = top_k_index.reshape(-1)
+    destination = torch.div(expert_ids, shard.count, rounding_mode="floor")
+    order = torch.argsort(destination, stable=True)
+    send_counts = torch.bincount(destination, minlength=shard.ep_size).tolist()
+    tokens = hidden_states.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
+    local_ids = (expert_ids - destination * shard.count).index_select(0, order)
+
+    received, received_ids, handle = shard.dispatcher.dispatch(tokens, local_ids, send_counts)
+    ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
+    expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
+    returned = shard.dispatcher.combine(expert_output, handle)
+
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    per_pair = returned.index_select(0, inverse).view(num_tokens, top_k, -1)
+    return (per_pair * top_k_weights.unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
+
+
+ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, expert_parallel_forward)
+
+
+def uses_expert_parallel(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "_halo_ep", None), ExpertShard)

@@ -1,0 +1,71 @@
+"""``parallelize(model, config)``: the recipe that lays an unmodified transformers model out on the ranks.
+
+Steps, in order: resolve and validate the degrees; find the family; check the model's
+experts against ``ep``; build the mesh; run the family's hooks (MoE blocks, attention,
+TP); switch the experts to the ``halo_ep`` implementation; record the layout. Every
+check that can fail runs before any weight moves.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from halo_core.adapt import adapt_model, check_splits
+from halo_core.context import ParallelContext
+from halo_core.errors import LayoutError
+from halo_core.layout import find_moe_blocks
+from halo_core.parallel import expert_parallel
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.dispatch import get_dispatcher
+from halo_core.parallel.layout_state import ModelLayout, attach
+from halo_core.parallel.mesh import build_mesh
+from halo_core.registry import Registry, discover
+
+
+def _device_type(model: nn.Module) -> str:
+    return next(model.parameters()).device.type
+
+
+def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | None = None) -> nn.Module:
+    """Lay ``model`` out as ``config`` asks; call on every rank after ``torch.distributed`` is initialised."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    dims = config.resolve(world)
+    registry = registry or discover()
+    model_type = model.config.model_type
+    record = registry.family_record(model_type)
+    wanted = {s: getattr(dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1}
+    if record is None:
+        if wanted:
+            raise LayoutError(
+                f"no installed family plugin claims model type {model_type!r}, so only data parallelism (FSDP2) "
+                f"is available; set {', '.join(f'{s}=1' for s in wanted)} or install a plugin for {model_type!r}"
+            )
+        attach(model, ModelLayout(dims, build_mesh(dims, _device_type(model)), frozenset()))
+        return model
+
+    draft = ParallelContext(family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, **wanted)
+    check_splits(registry, record, draft)
+    dispatcher_class = get_dispatcher(config.ep_dispatcher) if dims.ep > 1 else None
+    blocks = find_moe_blocks(model, record.family)
+    for name, block in blocks:
+        dims.check_experts(expert_parallel.count_experts(getattr(block, record.family.experts)), name)
+
+    mesh = build_mesh(dims, _device_type(model))
+    dispatcher = dispatcher_class(mesh.get_group("ep")) if dispatcher_class else None
+    context = ParallelContext(
+        family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher, **wanted
+    )
+    model = adapt_model(model, registry, record, context)
+
+    expert_params = set()
+    for name, module in model.named_modules():
+        if expert_parallel.uses_expert_parallel(module):
+            shard = module._halo_ep
+            expert_params |= {f"{name}.{p}" for p in expert_parallel.expert_parameters(module, shard.count)}
+    if expert_params:
+        model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
+    elif dims.ep > 1:
+        raise LayoutError(f"ep={dims.ep} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
+    attach(model, ModelLayout(dims, mesh, frozenset(expert_params)))
+    return model

@@ -1,0 +1,39 @@
+"""The complete state dict (and gradients) under the model's original Hugging Face names and shapes, on rank 0."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from halo_core.parallel.layout_state import layout_of
+
+
+@torch.no_grad()
+def _gather_on_rank0(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    layout = layout_of(model)
+    rank = dist.get_rank() if layout.is_distributed else 0
+    full: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        if layout.is_distributed and name in layout.expert_params and layout.dims.ep > 1:
+            pieces = [torch.empty_like(tensor) for _ in range(layout.dims.ep)]
+            dist.all_gather(pieces, tensor.contiguous(), group=layout.group("ep"))
+            tensor = torch.cat(pieces, dim=0)
+        if rank == 0:
+            full[name] = tensor.detach().clone()
+    return full
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Expert shards gathered from their EP group; rank 0 gets everything, other ranks an empty dict.
+
+    Every rank must call it (it runs collectives).
+    """
+    return _gather_on_rank0(model, model.state_dict().items())
+
+
+def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Like :func:`full_state_dict` for the gradients (a zero tensor where a parameter has none)."""
+    return _gather_on_rank0(model, ((n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()))

@@ -1,0 +1,134 @@
+"""Multi-process equivalence: a parallel layout must reproduce a single process, step for step.
+
+Every spawned rank (gloo, real collectives) builds the same tiny model, makes routing
+uneven (one MoE block never routes to the last EP rank's experts, so that rank receives
+no tokens there), and computes the single-process reference itself: forward on every
+rank's batch, the mean of those losses, backward, clipping, one SGD step. Then it lays
+the model out, runs its own batch and compares logits, loss, auxiliary loss, gradient
+norm, and (rank 0) every gradient after clipping and every parameter after the step,
+each within 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from halo_core.layout import find_moe_blocks
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.expert_parallel import count_experts
+from halo_core.registry import discover
+from halo_core.testing.compare import assert_close
+from halo_core.testing.routing import starve_experts
+from halo_core.tiny import tiny_model
+
+#: Three of eight experts per token, so top-k exceeds the two experts each rank holds at ep=4.
+KIT_CONFIG = {"num_experts_per_tok": 3, "output_router_logits": True}
+BATCH = 2
+MAX_NORM = 1e-2
+LR = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_layouts(family_name: str, model_type: str, world: int, layouts: Iterable[ParallelConfig], seed: int) -> None:
+    """Spawn ``world`` ranks and check each layout; raise ``AssertionError`` with the first rank's failure."""
+    layouts = list(layouts)
+    with tempfile.TemporaryDirectory() as errors:
+        args = (world, _free_port(), family_name, model_type, layouts, seed, errors)
+        try:
+            mp.start_processes(_worker, args=args, nprocs=world, join=True, start_method="spawn")
+        except ProcessException:
+            raise AssertionError(f"{family_name}/{model_type} at world {world} (seed {seed}): {_root_cause(Path(errors))}") from None
+
+
+def _root_cause(errors: Path) -> str:
+    """The first rank's own failure; a peer that merely saw the connection drop is not the cause."""
+    reports = [p.read_text() for p in sorted(errors.glob("rank*.txt"))]
+    causes = [r for r in reports if "Connection closed by peer" not in r] or reports
+    return causes[0] if causes else "a rank died without a Python exception (killed, or out of memory)"
+
+
+def _worker(rank, world, port, family_name, model_type, layouts, seed, errors) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        registry = discover(strict=False)
+        record = registry.by_name(family_name)
+        for config in layouts:
+            _check_layout(registry, record, model_type, config, rank, world, seed)
+            dist.barrier()
+    except BaseException:
+        Path(errors, f"rank{rank:03d}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def uneven_model(record, model_type: str, ep: int, seed: int):
+    """The kit's tiny model: the first MoE block never routes to the last EP rank's experts."""
+    family = record.family
+    model = tiny_model(model_type, {**family.tiny_config, **KIT_CONFIG}, seed=seed).train()
+    top_k = model.config.num_experts_per_tok
+    _, block = find_moe_blocks(model, family)[0]
+    num_experts = count_experts(getattr(block, family.experts))
+    starved = min(num_experts // ep, num_experts - 2 * top_k)
+    starve_experts(getattr(block, family.router), list(range(num_experts - starved, num_experts)), top_k)
+    return model
+
+
+def rank_batches(world: int, vocab_size: int, seed: int) -> list[dict[str, torch.Tensor]]:
+    """One batch per data-parallel rank, of different sequence lengths, the same on every process."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    batches = []
+    for rank in range(world):
+        ids = torch.randint(0, vocab_size, (BATCH, 5 + 2 * rank), generator=generator)
+        batches.append({"input_ids": ids, "labels": ids.clone()})
+    return batches
+
+
+def _check_layout(registry, record, model_type, config: ParallelConfig, rank: int, world: int, seed: int) -> None:
+    from halo_core import clip_grad_norm_, full_gradients, full_state_dict, parallelize, sync_gradients
+
+    where = f"{config} rank {rank}"
+    model = uneven_model(record, model_type, config.ep, seed)
+    reference = copy.deepcopy(model)
+    batches = rank_batches(world, model.config.vocab_size, seed)
+
+    expected = [reference(**batch) for batch in batches]
+    torch.stack([out.loss for out in expected]).mean().backward()
+    expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
+    expected_grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
+    torch.optim.SGD(reference.parameters(), lr=LR).step()
+
+    model = parallelize(model, config, registry)
+    out = model(**batches[rank])
+    assert_close(out.logits, expected[rank].logits, f"{where}: logits")
+    assert_close(out.loss, expected[rank].loss, f"{where}: loss")
+    if getattr(out, "aux_loss", None) is not None:
+        assert_close(out.aux_loss, expected[rank].aux_loss, f"{where}: auxiliary loss")
+    out.loss.backward()
+    sync_gradients(model)
+    assert_close(clip_grad_norm_(model, MAX_NORM), expected_norm, f"{where}: gradient norm")
+    grads = full_gradients(model)
+    torch.optim.SGD(model.parameters(), lr=LR).step()
+    state = full_state_dict(model)
+    if rank == 0:
+        for name, grad in expected_grads.items():
+            assert_close(grads[name], grad, f"{where}: gradient of {name} after clipping")
+        for name, tensor in reference.state_dict().items():
+            assert name in state, f"{where}: {name} missing from full_state_dict"
+            assert_close(state[name], tensor, f"{where}: {name} after one step")
