@@ -36,9 +36,14 @@ def tiny_config(model_type: str, overrides: Mapping[str, Any] | None = None):
     """A transformers config of ``model_type`` at toy size (``overrides`` win)."""
     from transformers import AutoConfig
 
-    defaults = AutoConfig.for_model(model_type).to_dict()
-    kwargs = {k: v for k, v in TINY_SIZES.items() if k in defaults}
-    kwargs.update(overrides or {})
+    default = AutoConfig.for_model(model_type)
+    fields = default.to_dict()
+    aliases = getattr(default, "attribute_map", {})  # e.g. num_experts -> num_local_experts
+    kwargs = {}
+    for key, value in [*TINY_SIZES.items(), *(overrides or {}).items()]:
+        key = aliases.get(key, key)
+        if key in fields or key in (overrides or {}):
+            kwargs[key] = value
     # Rebuilding (rather than setting attributes) lets __init__ derive dependent fields such as layer_types.
     return AutoConfig.for_model(model_type, **kwargs)
 

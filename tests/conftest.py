@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 _counter = itertools.count()
+TESTS_DIR = Path(__file__).parent
+# Spawned ranks import their worker functions from test modules by name.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
 
 PLUGIN_SOURCE = """
 from halo_core import Family, hookimpl
@@ -30,14 +33,15 @@ class PluginSite:
         monkeypatch.syspath_prepend(str(root))
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
 
-    def add(self, dist: str, source: str, *, entry: str | None = None, version: str = "1.0") -> str:
-        """Install a one-module distribution declaring an entry point in ``halo.families``; returns the module name."""
+    def add(self, dist: str, source: str, *, entry: str | None = None, version: str = "1.0", group: str = "halo.families", attr: str = "") -> str:
+        """Install a one-module distribution declaring one entry point (``group``); returns the module name."""
         module = f"halo_test_plugin_{next(_counter)}_{os.getpid()}"
         (self.root / f"{module}.py").write_text(textwrap.dedent(source))
         info = self.root / f"{dist.replace('-', '_')}-{version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[halo.families]\n{entry or dist} = {module}\n")
+        target = f"{module}:{attr}" if attr else module
+        (info / "entry_points.txt").write_text(f"[{group}]\n{entry or dist} = {target}\n")
         return module
 
     def add_family(self, dist: str, name: str, model_types: tuple[str, ...], *, api_version: int = 1, splits=("ep",), extra: str = "") -> str:

@@ -27,6 +27,9 @@ class ParallelConfig:
     tp: int = 1
     cp: int = 1
     ep_dispatcher: str = "torch"
+    #: Shard parameters, gradients and optimizer state with FSDP2 over the data-parallel ranks;
+    #: ``False`` keeps them replicated and ``sync_gradients`` all-reduces instead.
+    fsdp: bool = True
 
     def resolve(self, world_size: int) -> "ParallelDims":
         """Check the degrees against ``world_size``; raise ``LayoutError`` naming the numbers and the fix."""
@@ -45,6 +48,8 @@ class ParallelConfig:
                 f"ep*etp = {self.ep}*{self.etp} = {self.ep * self.etp} does not divide the data-parallel size {dp} "
                 f"(world {world_size} / (cp {self.cp} * tp {self.tp})); choose ep*etp among {_divisors(dp)}"
             )
+        if not isinstance(self.fsdp, bool):
+            raise LayoutError(f"ParallelConfig.fsdp={self.fsdp!r} must be true or false")
         return ParallelDims(world=world_size, dp=dp, ep=self.ep, etp=self.etp, tp=self.tp, cp=self.cp)
 
 

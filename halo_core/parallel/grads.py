@@ -1,5 +1,8 @@
 """Gradient averaging and global-norm clipping that reproduce a single process on the whole batch.
 
+With FSDP2 its backward hooks do the reductions (``fsdp``) and ``sync_gradients`` only divides
+the expert shards' sums; without it, the rule below is applied by all-reduce.
+
 After backward, a replicated parameter holds its rank's gradient and an expert shard holds
 the sum over its EP group's ranks (the all-to-all's backward brings every source rank's
 contribution home). Averaging replicated gradients over all data-parallel ranks, and
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from halo_core.parallel.layout_state import layout_of
@@ -35,11 +39,21 @@ def _split(model: nn.Module):
     return layout, expert, replicated
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP2 (DTensor) gradient; a plain tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 @torch.no_grad()
 def sync_gradients(model: nn.Module) -> None:
     """Average gradients over data-parallel ranks; call after backward, before clipping and the optimizer step."""
     layout, expert, replicated = _split(model)
     if not layout.is_distributed:
+        return
+    if layout.fsdp:
+        for param in expert:
+            if param.grad is not None:
+                param.grad.div_(layout.dims.dp)
         return
     for param in expert + replicated:
         if param.grad is None:  # every rank must join the collective, used or not
@@ -57,21 +71,28 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -
     """Clip like ``torch.nn.utils.clip_grad_norm_`` on the whole model; return the global norm on every rank.
 
     Replicated parameters count once, each expert shard once (summed over its EP group).
+    Under FSDP2 every element lives on exactly one rank, so the squares of the local
+    shards summed over the world give the whole model's.
     """
     if norm_type != 2.0:
         raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
     layout, expert, replicated = _split(model)
-    grads_replicated = [p.grad for p in replicated if p.grad is not None]
-    grads_expert = [p.grad for p in expert if p.grad is not None]
+    grads_replicated = [_local(p.grad) for p in replicated if p.grad is not None]
+    grads_expert = [_local(p.grad) for p in expert if p.grad is not None]
     device = (grads_replicated + grads_expert)[0].device if grads_replicated or grads_expert else torch.device("cpu")
 
     def squares(grads):
         return torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) ** 2 for g in grads]).sum() if grads else torch.zeros((), device=device)
 
-    expert_squares = squares(grads_expert)
-    if layout.is_distributed and layout.dims.ep > 1:
-        dist.all_reduce(expert_squares, group=layout.group("ep"))
-    total = torch.sqrt(squares(grads_replicated) + expert_squares)
+    if layout.fsdp:
+        total_squares = squares(grads_replicated + grads_expert)
+        dist.all_reduce(total_squares)
+    else:
+        expert_squares = squares(grads_expert)
+        if layout.is_distributed and layout.dims.ep > 1:
+            dist.all_reduce(expert_squares, group=layout.group("ep"))
+        total_squares = squares(grads_replicated) + expert_squares
+    total = torch.sqrt(total_squares)
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for grad in grads_replicated + grads_expert:
         grad.mul_(scale.to(grad.dtype))

@@ -19,6 +19,8 @@ class ModelLayout:
     mesh: Any
     #: Names (as in ``named_parameters``) of parameters sharded along the expert dimension.
     expert_params: frozenset[str]
+    #: Whether FSDP2 shards the parameters (then gradients are reduced by its backward hooks).
+    fsdp: bool = False
 
     def group(self, dim: str):
         """Process group of a mesh dimension; ``"dp"`` is every data-parallel rank."""

@@ -2,8 +2,8 @@
 
 Steps, in order: resolve and validate the degrees; find the family; check the model's
 experts against ``ep``; build the mesh; run the family's hooks (MoE blocks, attention,
-TP); switch the experts to the ``halo_ep`` implementation; record the layout. Every
-check that can fail runs before any weight moves.
+TP); switch the experts to the ``halo_ep`` implementation; FSDP2 over the data-parallel
+ranks; record the layout. Every check that can fail runs before any weight moves.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from halo_core.layout import find_moe_blocks
 from halo_core.parallel import expert_parallel
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.dispatch import get_dispatcher
+from halo_core.parallel.fsdp import apply_fsdp
 from halo_core.parallel.layout_state import ModelLayout, attach
 from halo_core.parallel.mesh import build_mesh
 from halo_core.registry import Registry, discover
@@ -41,8 +42,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
                 f"no installed family plugin claims model type {model_type!r}, so only data parallelism (FSDP2) "
                 f"is available; set {', '.join(f'{s}=1' for s in wanted)} or install a plugin for {model_type!r}"
             )
-        attach(model, ModelLayout(dims, build_mesh(dims, _device_type(model)), frozenset()))
-        return model
+        return _finish(model, config, dims, build_mesh(dims, _device_type(model)), [])
 
     draft = ParallelContext(family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, **wanted)
     check_splits(registry, record, draft)
@@ -58,14 +58,20 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     )
     model = adapt_model(model, registry, record, context)
 
-    expert_params = set()
-    for name, module in model.named_modules():
-        if expert_parallel.uses_expert_parallel(module):
-            shard = module._halo_ep
-            expert_params |= {f"{name}.{p}" for p in expert_parallel.expert_parameters(module, shard.count)}
-    if expert_params:
+    expert_modules = [(n, m) for n, m in model.named_modules() if expert_parallel.uses_expert_parallel(m)]
+    if expert_modules:
         model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
     elif dims.ep > 1:
         raise LayoutError(f"ep={dims.ep} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
-    attach(model, ModelLayout(dims, mesh, frozenset(expert_params)))
+    return _finish(model, config, dims, mesh, expert_modules)
+
+
+def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules: list[tuple[str, nn.Module]]) -> nn.Module:
+    expert_params = frozenset(
+        f"{name}.{p}" for name, module in expert_modules for p in expert_parallel.expert_parameters(module, module._halo_ep.count)
+    )
+    use_fsdp = config.fsdp and mesh is not None
+    if use_fsdp:
+        apply_fsdp(model, dims, mesh, [m for _, m in expert_modules])
+    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp))
     return model

@@ -7,6 +7,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from halo_core.parallel.layout_state import layout_of
 
@@ -17,6 +18,8 @@ def _gather_on_rank0(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]
     rank = dist.get_rank() if layout.is_distributed else 0
     full: dict[str, torch.Tensor] = {}
     for name, tensor in named:
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
         if layout.is_distributed and name in layout.expert_params and layout.dims.ep > 1:
             pieces = [torch.empty_like(tensor) for _ in range(layout.dims.ep)]
             dist.all_gather(pieces, tensor.contiguous(), group=layout.group("ep"))

@@ -12,16 +12,10 @@ each within 1e-5 relative.
 from __future__ import annotations
 
 import copy
-import socket
-import tempfile
-import traceback
-from pathlib import Path
 from typing import Iterable
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.multiprocessing.spawn import ProcessException
 
 from halo_core.layout import find_moe_blocks
 from halo_core.parallel.config import ParallelConfig
@@ -29,6 +23,7 @@ from halo_core.parallel.expert_parallel import count_experts
 from halo_core.registry import discover
 from halo_core.testing.compare import assert_close
 from halo_core.testing.routing import starve_experts
+from halo_core.testing.spawn import spawn
 from halo_core.tiny import tiny_model
 
 #: Three of eight experts per token, so top-k exceeds the two experts each rank holds at ep=4.
@@ -38,44 +33,17 @@ MAX_NORM = 1e-2
 LR = 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_layouts(family_name: str, model_type: str, world: int, layouts: Iterable[ParallelConfig], seed: int) -> None:
     """Spawn ``world`` ranks and check each layout; raise ``AssertionError`` with the first rank's failure."""
-    layouts = list(layouts)
-    with tempfile.TemporaryDirectory() as errors:
-        args = (world, _free_port(), family_name, model_type, layouts, seed, errors)
-        try:
-            mp.start_processes(_worker, args=args, nprocs=world, join=True, start_method="spawn")
-        except ProcessException:
-            raise AssertionError(f"{family_name}/{model_type} at world {world} (seed {seed}): {_root_cause(Path(errors))}") from None
+    spawn(_check_layouts, world, family_name, model_type, list(layouts), seed, what=f"{family_name}/{model_type} (seed {seed})")
 
 
-def _root_cause(errors: Path) -> str:
-    """The first rank's own failure; a peer that merely saw the connection drop is not the cause."""
-    reports = [p.read_text() for p in sorted(errors.glob("rank*.txt"))]
-    causes = [r for r in reports if "Connection closed by peer" not in r] or reports
-    return causes[0] if causes else "a rank died without a Python exception (killed, or out of memory)"
-
-
-def _worker(rank, world, port, family_name, model_type, layouts, seed, errors) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        registry = discover(strict=False)
-        record = registry.by_name(family_name)
-        for config in layouts:
-            _check_layout(registry, record, model_type, config, rank, world, seed)
-            dist.barrier()
-    except BaseException:
-        Path(errors, f"rank{rank:03d}.txt").write_text(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
+def _check_layouts(rank: int, world: int, family_name: str, model_type: str, layouts: list[ParallelConfig], seed: int) -> None:
+    registry = discover(strict=False)
+    record = registry.by_name(family_name)
+    for config in layouts:
+        _check_layout(registry, record, model_type, config, rank, world, seed)
+        dist.barrier()
 
 
 def uneven_model(record, model_type: str, ep: int, seed: int):

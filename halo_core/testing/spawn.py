@@ -1,0 +1,52 @@
+"""Run a function on ``world`` spawned CPU ranks joined by a gloo process group: real collectives, no mocks."""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> None:
+    """Call ``fn(rank, world, *args)`` on every rank (``fn`` must be importable by name).
+
+    A failure raises ``AssertionError`` carrying the first rank's own traceback, not a
+    peer's report that the connection dropped.
+    """
+    with tempfile.TemporaryDirectory() as errors:
+        try:
+            mp.start_processes(_rank_main, args=(world, _free_port(), errors, fn, args), nprocs=world, join=True, start_method="spawn")
+        except ProcessException:
+            raise AssertionError(f"{what or fn.__name__} at world {world}: {_root_cause(Path(errors))}") from None
+
+
+def _root_cause(errors: Path) -> str:
+    reports = [p.read_text() for p in sorted(errors.glob("rank*.txt"))]
+    causes = [r for r in reports if "Connection closed by peer" not in r] or reports
+    return causes[0] if causes else "a rank died without a Python exception (killed, or out of memory)"
+
+
+def _rank_main(rank: int, world: int, port: int, errors: str, fn: Callable[..., Any], args: tuple) -> None:
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+        dist.barrier()
+    except BaseException:
+        Path(errors, f"rank{rank:03d}.txt").write_text(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,136 @@
+"""The expert-parallel engine beyond the conformance kit: refusals, replicated DP, dispatch plug-ins, checkpoints."""
+
+import json
+import re
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from halo_core.errors import DuplicateClaimError, LayoutError
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.dispatch import DispatcherError, get_dispatcher
+from halo_core.registry import discover
+from halo_core.testing.equivalence import run_layouts, uneven_model
+from halo_core.testing.spawn import spawn
+from halo_core.tiny import tiny_model
+
+
+@pytest.mark.parametrize(
+    "config, world, needle",
+    [
+        (ParallelConfig(ep=0), 2, "ParallelConfig.ep=0 must be a positive integer"),
+        (ParallelConfig(ep="2"), 2, "ParallelConfig.ep='2' must be a positive integer"),
+        (ParallelConfig(tp=3), 4, re.escape("world size 4 is not divisible by cp*tp = 1*3 = 3")),
+        (ParallelConfig(ep=3), 4, re.escape("ep*etp = 3*1 = 3 does not divide the data-parallel size 4 (world 4 / (cp 1 * tp 1)); choose ep*etp among [1, 2, 4]")),
+        (ParallelConfig(ep=4, cp=2), 4, "does not divide the data-parallel size 2"),
+        (ParallelConfig(fsdp="yes"), 2, "ParallelConfig.fsdp='yes' must be true or false"),
+    ],
+)
+def test_impossible_degrees_are_refused_with_the_numbers(config, world, needle):
+    with pytest.raises(LayoutError, match=needle):
+        config.resolve(world)
+
+
+def test_unknown_dispatcher_lists_the_available_ones():
+    with pytest.raises(DispatcherError, match=r"ep_dispatcher='deepep' is unknown; available: \['torch'\]"):
+        get_dispatcher("deepep")
+
+
+def test_an_installed_but_broken_dispatcher_says_why(plugin_site):
+    plugin_site.add("halo-dispatch-broken", "raise ImportError('needs libnvshmem')\n", entry="fancy", group="halo.dispatchers", attr="Fancy")
+    with pytest.raises(DispatcherError, match="ep_dispatcher='fancy' is installed but unavailable here .*libnvshmem.* available: \\['fancy', 'torch'\\]"):
+        get_dispatcher("fancy")
+
+
+RECORDING_DISPATCHER = """
+import os
+from halo_core.parallel.dispatch import TorchAllToAll
+
+class Recording(TorchAllToAll):
+    def dispatch(self, tokens, expert_ids, send_counts):
+        with open(os.environ["HALO_TEST_DISPATCH_LOG"], "a") as log:
+            log.write(f"{sum(send_counts)}\\n")
+        return super().dispatch(tokens, expert_ids, send_counts)
+"""
+
+
+def test_a_third_party_dispatcher_is_selected_by_name_and_stays_exact(plugin_site, tmp_path, monkeypatch):
+    log = tmp_path / "dispatch.log"
+    monkeypatch.setenv("HALO_TEST_DISPATCH_LOG", str(log))
+    plugin_site.add("halo-dispatch-recording", RECORDING_DISPATCHER, entry="recording", group="halo.dispatchers", attr="Recording")
+    run_layouts("qwen3-moe", "qwen3_moe", 2, [ParallelConfig(ep=2, ep_dispatcher="recording")], seed=3)
+    assert log.exists() and len(log.read_text().split()) >= 4  # 2 ranks x 2 MoE layers, forward at least
+
+
+def test_replicated_data_parallel_without_fsdp_is_exact_too():
+    run_layouts("gpt-oss", "gpt_oss", 2, [ParallelConfig(ep=2, fsdp=False)], seed=5)
+
+
+def _refusals(rank, world):
+    registry = discover(strict=False)
+    from halo_core import parallelize
+
+    model = tiny_model("qwen3_moe", {"num_experts": 3, "num_experts_per_tok": 1})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(LayoutError, match="model.layers.0.mlp has 3 experts, which ep=2 does not divide; choose ep among \\[1\\]"):
+        parallelize(model, ParallelConfig(ep=2), registry)
+    with pytest.raises(DispatcherError, match="ep_dispatcher='nccl-magic' is unknown"):
+        parallelize(model, ParallelConfig(ep=2, ep_dispatcher="nccl-magic"), registry)
+    after = model.state_dict()
+    assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
+    assert model.config._experts_implementation == "grouped_mm"
+
+    with pytest.raises(LayoutError, match="no installed family plugin claims model type 'llama'.*set ep=1"):
+        parallelize(tiny_model("llama"), ParallelConfig(ep=2), registry)
+    with pytest.raises(LayoutError, match="family 'no-ep' .* does not support ep=2"):
+        parallelize(tiny_model("olmoe"), ParallelConfig(ep=2), registry)
+
+
+def test_refusals_happen_before_any_weight_moves(plugin_site):
+    plugin_site.add_family("halo-plugin-no-ep", "no-ep", ("olmoe",), splits=())
+    spawn(_refusals, 2)
+
+
+def test_duplicate_claims_refuse_to_parallelize(plugin_site):
+    plugin_site.add_family("halo-plugin-qwen-fork", "qwen-fork", ("qwen3_moe",))
+    from halo_core import parallelize
+
+    with pytest.raises(DuplicateClaimError, match="halo-plugin-qwen-fork"):
+        parallelize(tiny_model("qwen3_moe", device="meta"), ParallelConfig(), discover(strict=False))
+
+
+def _round_trip(rank, world, out_dir, seed):
+    from transformers import AutoModelForCausalLM
+
+    from halo_core import clip_grad_norm_, full_state_dict, parallelize, sync_gradients
+    from halo_core.testing.compare import assert_close
+    from halo_core.testing.equivalence import rank_batches
+
+    registry = discover(strict=False)
+    record = registry.by_name("qwen3-moe")
+    model = uneven_model(record, "qwen3_moe", ep=2, seed=seed)
+    reference = uneven_model(record, "qwen3_moe", ep=2, seed=seed)
+    batches = rank_batches(world, model.config.vocab_size, seed)
+    torch.stack([reference(**b).loss for b in batches]).mean().backward()
+    torch.optim.SGD(reference.parameters(), lr=0.5).step()
+
+    model = parallelize(model, ParallelConfig(ep=2), registry)
+    model(**batches[rank]).loss.backward()
+    sync_gradients(model)
+    clip_grad_norm_(model, float("inf"))
+    torch.optim.SGD(model.parameters(), lr=0.5).step()
+    state = full_state_dict(model)
+    if rank == 0:
+        model.save_pretrained(out_dir, state_dict=state)
+    dist.barrier()
+    loaded = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+    assert loaded.config._experts_implementation != "halo_ep"
+    for name, tensor in reference.state_dict().items():
+        assert_close(loaded.state_dict()[name], tensor, f"rank {rank}: {name} after save/load")
+
+
+def test_parallel_step_then_save_pretrained_loads_as_the_reference(tmp_path):
+    spawn(_round_trip, 2, str(tmp_path), 11)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe" and config["num_local_experts"] == 8
