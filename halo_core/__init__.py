@@ -22,6 +22,7 @@ _ENGINE = {
     "clip_grad_norm_": "halo_core.parallel.grads",
     "full_state_dict": "halo_core.parallel.state_dict",
     "full_gradients": "halo_core.parallel.state_dict",
+    "from_pretrained": "halo_core.parallel.loading",
 }
 
 __all__ = ["PLUGIN_API_VERSION", "SPLITS", "Family", "hookimpl", "__version__", *_ENGINE]

@@ -134,3 +134,53 @@ def test_parallel_step_then_save_pretrained_loads_as_the_reference(tmp_path):
     spawn(_round_trip, 2, str(tmp_path), 11)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "qwen3_moe" and config["num_local_experts"] == 8
+
+
+def _sliced_load(rank, world, folder, model_type, overrides):
+    from halo_core import ParallelConfig, from_pretrained, full_state_dict
+    from halo_core.testing.compare import assert_close
+
+    reference = tiny_model(model_type, overrides, seed=7)
+    if rank == 0:
+        reference.save_pretrained(folder)
+    dist.barrier()
+    model = from_pretrained(folder, ParallelConfig(ep=2))
+    first, last = 4 * rank, 4 * rank + 4  # 8 experts, ep=2
+    for key, rows in model._halo_read_log.reads.items():
+        if ".experts." not in key:
+            assert rows is None, key
+        elif rows is not None:  # fused checkpoint: sliced on read
+            assert rows == (first, last), (key, rows)
+        else:  # one tensor per expert: only the local ones are opened
+            expert = int(key.split(".experts.")[1].split(".")[0])
+            assert first <= expert < last, key
+    assert any(".experts." in key for key in model._halo_read_log.reads)
+    ids = torch.randint(0, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(rank))
+    assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, f"rank {rank}: logits after sliced load")
+    state = full_state_dict(model)
+    if rank == 0:
+        for name, tensor in reference.state_dict().items():
+            assert_close(state[name], tensor, f"{name} after sliced load")
+
+
+@pytest.mark.parametrize(
+    "model_type, overrides",
+    [("qwen3_moe", {}), ("gpt_oss", {"attn_implementation": "eager"})],
+    ids=["per-expert-tensors", "fused-experts"],
+)
+def test_from_pretrained_reads_only_the_local_experts(tmp_path, model_type, overrides):
+    spawn(_sliced_load, 2, str(tmp_path), model_type, overrides)
+
+
+def test_a_checkpoint_missing_a_tensor_is_named(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from halo_core import ParallelConfig, from_pretrained
+    from halo_core.parallel.loading import CheckpointError
+
+    tiny_model("qwen3_moe").save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="checkpoint lacks model.layers.1.mlp.experts.3.up_proj.weight"):
+        from_pretrained(tmp_path, ParallelConfig())

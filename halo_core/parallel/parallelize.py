@@ -24,12 +24,20 @@ from halo_core.parallel.mesh import build_mesh
 from halo_core.registry import Registry, discover
 
 
-def _device_type(model: nn.Module) -> str:
-    return next(model.parameters()).device.type
+def _device_type(model: nn.Module, device_type: str | None) -> str:
+    found = next(model.parameters()).device.type
+    if found == "meta":
+        if device_type is None:
+            raise ValueError("the model's parameters are on the meta device: pass device_type ('cuda' or 'cpu') for the mesh")
+        return device_type
+    return found
 
 
-def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | None = None) -> nn.Module:
-    """Lay ``model`` out as ``config`` asks; call on every rank after ``torch.distributed`` is initialised."""
+def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | None = None, *, device_type: str | None = None) -> nn.Module:
+    """Lay ``model`` out as ``config`` asks; call on every rank after ``torch.distributed`` is initialised.
+
+    ``device_type`` names the mesh's device when the parameters are still on the meta device.
+    """
     world = dist.get_world_size() if dist.is_initialized() else 1
     dims = config.resolve(world)
     registry = registry or discover()
@@ -42,7 +50,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
                 f"no installed family plugin claims model type {model_type!r}, so only data parallelism (FSDP2) "
                 f"is available; set {', '.join(f'{s}=1' for s in wanted)} or install a plugin for {model_type!r}"
             )
-        return _finish(model, config, dims, build_mesh(dims, _device_type(model)), [])
+        return _finish(model, config, dims, build_mesh(dims, _device_type(model, device_type)), [])
 
     draft = ParallelContext(family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, **wanted)
     check_splits(registry, record, draft)
@@ -51,7 +59,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     for name, block in blocks:
         dims.check_experts(expert_parallel.count_experts(getattr(block, record.family.experts)), name)
 
-    mesh = build_mesh(dims, _device_type(model))
+    mesh = build_mesh(dims, _device_type(model, device_type))
     dispatcher = dispatcher_class(mesh.get_group("ep")) if dispatcher_class else None
     context = ParallelContext(
         family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher, **wanted

@@ -1,0 +1,158 @@
+"""``from_pretrained(path, ParallelConfig(...))``: a Hugging Face checkpoint straight into a parallel layout.
+
+The model is built with its parameters on the meta device (buffers real), laid out by
+``parallelize``, materialised, and filled from the safetensors files: every rank reads
+the non-expert tensors and only its own block of experts. Checkpoints that store experts
+fused (``...experts.gate_up_proj``) are sliced on read; checkpoints that store one tensor
+per expert (``...experts.7.gate_proj.weight``, what transformers writes for Qwen3-MoE)
+are read for the local experts only and merged as transformers' own conversion mapping
+for the model type says (``MergeModulelist`` then ``Concatenate``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from halo_core.errors import HaloError
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.expert_parallel import ExpertShard
+from halo_core.parallel.layout_state import layout_of
+from halo_core.parallel.parallelize import parallelize
+
+
+class CheckpointError(HaloError):
+    """A checkpoint the sliced loader cannot map onto the model."""
+
+
+@dataclass
+class ReadLog:
+    """What one rank read: checkpoint key -> rows read along dim 0 (``None`` = whole tensor)."""
+
+    reads: dict[str, tuple[int, int] | None] = field(default_factory=dict)
+
+
+class Checkpoint:
+    """Lazy access to the tensors of a safetensors checkpoint folder (single file or sharded index)."""
+
+    def __init__(self, folder: Path, log: ReadLog) -> None:
+        index = folder / "model.safetensors.index.json"
+        if index.exists():
+            self.files = {k: folder / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+        else:
+            single = folder / "model.safetensors"
+            if not single.exists():
+                raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+            with safe_open(single, "pt") as handle:
+                self.files = {k: single for k in handle.keys()}
+        self.log = log
+        self.folder = folder
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.files
+
+    def read(self, key: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        with safe_open(self.files[key], "pt") as handle:
+            tensor = handle.get_slice(key)[rows[0] : rows[1]] if rows else handle.get_tensor(key)
+        self.log.reads[key] = rows
+        return tensor
+
+
+def _expert_converter(model_type: str, name: str):
+    """transformers' converter producing the fused parameter ``name`` from per-expert tensors, if any."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    for transform in get_checkpoint_conversion_mapping(model_type) or []:
+        if type(transform).__name__ != "WeightConverter":
+            continue
+        for target in transform.target_patterns:
+            if name.endswith(target.lstrip(".")):
+                return transform, name[: len(name) - len(target.lstrip("."))]
+    return None, None
+
+
+def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows: tuple[int, int]) -> torch.Tensor:
+    """Experts ``rows[0]..rows[1]-1`` of the fused parameter ``name``, sliced or merged on read."""
+    if name in checkpoint:
+        return checkpoint.read(name, rows)
+    converter, prefix = _expert_converter(model_type, name)
+    if converter is None:
+        raise CheckpointError(
+            f"{name} is not in {checkpoint.folder} and no transformers conversion for {model_type!r} produces it; "
+            f"is this a {model_type} checkpoint written by transformers?"
+        )
+    pieces = []
+    for pattern in converter.source_patterns:
+        keys = [prefix + pattern.lstrip(".").replace("*", str(expert)) for expert in range(*rows)]
+        missing = [k for k in keys if k not in checkpoint]
+        if missing:
+            raise CheckpointError(f"checkpoint lacks {missing[0]} (needed for {name}); it does not match {model_type!r}'s layout")
+        pieces.append([checkpoint.read(k) for k in keys])
+    tensors = None
+    for operation in converter.operations:
+        kind = type(operation).__name__
+        if kind == "MergeModulelist":
+            tensors = [torch.stack(p, dim=operation.dim) for p in pieces]
+        elif kind == "Concatenate" and tensors is not None:
+            tensors = [torch.cat(tensors, dim=operation.dim)]
+        else:
+            raise CheckpointError(
+                f"{name}: transformers converts it with {kind}, which the sliced loader does not apply; "
+                f"load with transformers' from_pretrained, then parallelize()"
+            )
+    if tensors is None or len(tensors) != 1:
+        raise CheckpointError(f"{name}: transformers' conversion for {model_type!r} does not end in one tensor")
+    return tensors[0]
+
+
+def _expert_owner(model: nn.Module, name: str) -> ExpertShard | None:
+    module_name = name.rsplit(".", 1)[0]
+    return getattr(model.get_submodule(module_name), "_halo_ep", None)
+
+
+@torch.no_grad()
+def from_pretrained(path: str | Path, config: ParallelConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", registry=None):
+    """Load ``path`` into the layout ``config`` describes, reading only this rank's experts; call on every rank."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(path)
+    hf_config = AutoConfig.from_pretrained(folder)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    model = parallelize(model, config, registry, device_type=torch.device(device).type)
+    buffers = {n: b.clone() for n, b in model.named_buffers()}
+    model.to_empty(device=device)
+    for name, buffer in model.named_buffers():
+        buffer.copy_(buffers[name])
+
+    log = ReadLog()
+    checkpoint = Checkpoint(folder, log)
+    expert_names = layout_of(model).expert_params
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    for name, param in model.named_parameters():
+        if name in expert_names:
+            shard = _expert_owner(model, name)
+            full = _read_expert_block(checkpoint, hf_config.model_type, name, (shard.first, shard.first + shard.count))
+        elif name in checkpoint:
+            full = checkpoint.read(name)
+        elif name in tied:
+            continue  # filled by its tie
+        else:  # fused experts without EP, or another converted tensor
+            full = _read_expert_block(checkpoint, hf_config.model_type, name, (0, param.shape[0]))
+        full = full.to(device=device, dtype=param.dtype)
+        if isinstance(param, DTensor):
+            full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+            param.to_local().copy_(full)
+        else:
+            param.copy_(full)
+    if getattr(hf_config, "tie_word_embeddings", False):
+        model.tie_weights()
+    model._halo_read_log = log
+    return model
