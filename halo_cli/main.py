@@ -9,6 +9,7 @@ import typer
 
 import halo_core
 from halo_cli import families
+from halo_cli.launch import launch
 from halo_core.errors import HaloError
 
 _typer_app = typer.Typer(
@@ -17,6 +18,7 @@ _typer_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 _typer_app.add_typer(families.app, name="families")
+_typer_app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(launch)
 
 
 def _version(value: bool) -> None:

@@ -19,3 +19,7 @@ class BrokenPluginError(HaloError):
 
 class LayoutError(HaloError):
     """A family declaration does not match the model it should adapt."""
+
+
+class ConfigError(HaloError):
+    """A run configuration that cannot work: the message names the key, the value and the fix."""

@@ -69,6 +69,14 @@ class ParallelDims:
         """How many data-parallel ranks hold the same block of experts."""
         return self.dp // (self.ep * self.etp)
 
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """A rank's position on each axis. Ranks are laid out (dp, cp, tp) with tp fastest; EP groups are
+        consecutive data-parallel indices."""
+        tp = rank % self.tp
+        cp = (rank // self.tp) % self.cp
+        dp = rank // (self.tp * self.cp)
+        return {"dp": dp, "ep": dp % self.ep, "ep_replica": dp // (self.ep * self.etp), "etp": (dp // self.ep) % self.etp, "cp": cp, "tp": tp}
+
     def check_experts(self, num_experts: int, where: str) -> None:
         if num_experts % self.ep:
             raise LayoutError(

@@ -122,8 +122,7 @@ def from_pretrained(path: str | Path, config: ParallelConfig, *, dtype: torch.dt
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    folder = Path(path)
-    hf_config = AutoConfig.from_pretrained(folder)
+    hf_config = AutoConfig.from_pretrained(path)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     model = parallelize(model, config, registry, device_type=torch.device(device).type)
@@ -131,7 +130,19 @@ def from_pretrained(path: str | Path, config: ParallelConfig, *, dtype: torch.dt
     model.to_empty(device=device)
     for name, buffer in model.named_buffers():
         buffer.copy_(buffers[name])
+    load_into(model, path)
+    return model
 
+
+@torch.no_grad()
+def load_into(model: nn.Module, path: str | Path) -> ReadLog:
+    """Fill a laid-out model's parameters from a Hugging Face checkpoint folder, reading only local experts.
+
+    Also used to resume training from a ``checkpoint-N`` folder. Returns (and keeps on the
+    model as ``_halo_read_log``) what this rank read.
+    """
+    folder = Path(path)
+    model_type = model.config.model_type
     log = ReadLog()
     checkpoint = Checkpoint(folder, log)
     expert_names = layout_of(model).expert_params
@@ -139,20 +150,20 @@ def from_pretrained(path: str | Path, config: ParallelConfig, *, dtype: torch.dt
     for name, param in model.named_parameters():
         if name in expert_names:
             shard = _expert_owner(model, name)
-            full = _read_expert_block(checkpoint, hf_config.model_type, name, (shard.first, shard.first + shard.count))
+            full = _read_expert_block(checkpoint, model_type, name, (shard.first, shard.first + shard.count))
         elif name in checkpoint:
             full = checkpoint.read(name)
         elif name in tied:
             continue  # filled by its tie
         else:  # fused experts without EP, or another converted tensor
-            full = _read_expert_block(checkpoint, hf_config.model_type, name, (0, param.shape[0]))
-        full = full.to(device=device, dtype=param.dtype)
+            full = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]))
+        full = full.to(device=param.device, dtype=param.dtype)
         if isinstance(param, DTensor):
             full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
             param.to_local().copy_(full)
         else:
             param.copy_(full)
-    if getattr(hf_config, "tie_word_embeddings", False):
+    if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
     model._halo_read_log = log
-    return model
+    return log

@@ -1,0 +1,1 @@
+"""Training methods: stock TRL/transformers trainers with ``DistributedTrainerMixin`` mixed in ahead of them."""

@@ -1,0 +1,45 @@
+"""Halo's own run fields (everything else in a run's YAML belongs to the method's TRL/transformers config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from halo_core.parallel.config import ParallelConfig
+
+
+@dataclass
+class DatasetSource:
+    """One source of training data."""
+
+    #: A local ``.jsonl``/``.json``/``.parquet`` file, a folder saved by ``datasets``, or a hub id.
+    path: str
+    split: str = "train"
+    #: Hub dataset configuration name.
+    name: str | None = None
+    #: Rename columns to what the method expects, e.g. ``{question: prompt, answer: completion}``.
+    columns: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class HaloArguments:
+    """Fields Halo adds to every method's config."""
+
+    model_name_or_path: str
+    dataset: list[DatasetSource]
+    #: Start from the config's random initialisation instead of weights (the folder then needs only config.json).
+    random_init: bool = False
+    expert_parallel_size: int = 1
+    expert_tensor_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    context_parallel_size: int = 1
+    #: Expert token-dispatch back-end, by name in the ``halo.dispatchers`` entry-point group.
+    ep_dispatcher: str = "torch"
+
+    def parallel_config(self) -> ParallelConfig:
+        return ParallelConfig(
+            ep=self.expert_parallel_size,
+            etp=self.expert_tensor_parallel_size,
+            tp=self.tensor_parallel_size,
+            cp=self.context_parallel_size,
+            ep_dispatcher=self.ep_dispatcher,
+        )

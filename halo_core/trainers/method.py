@@ -1,0 +1,30 @@
+"""Training methods, found by name through the ``halo.methods`` entry-point group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Callable
+
+from halo_core.errors import ConfigError
+
+ENTRY_POINT_GROUP = "halo.methods"
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    #: The TRL/transformers config dataclass whose fields the run's YAML may set.
+    config_class: type
+    run: Callable
+
+
+def known_methods() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def get_method(name: str) -> Method:
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if name not in found:
+        raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(known_methods()) or 'none installed'}")
+    return found[name].load()

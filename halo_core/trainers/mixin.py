@@ -1,0 +1,83 @@
+"""``DistributedTrainerMixin``: what a stock TRL/transformers trainer needs to run a Halo layout.
+
+Mixed in ahead of the trainer (``class HaloSFTTrainer(DistributedTrainerMixin, SFTTrainer)``).
+Each override delegates to one small part in ``halo_core.trainers.parts``; the rest
+(data collation, loss, logging, scheduling, callbacks) is the stock trainer's.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.grads import clip_grad_norm_, sync_gradients
+from halo_core.parallel.loading import load_into
+from halo_core.trainers.parts import checkpoint
+from halo_core.trainers.parts.layout import lay_out
+from halo_core.trainers.parts.throughput import ThroughputMeter
+
+
+class DistributedTrainerMixin:
+    def __init__(self, *args, parallel_config: ParallelConfig | None = None, **kwargs):
+        kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
+        self._halo_meter = ThroughputMeter()
+        self._halo_staging = False
+        super().__init__(*args, **kwargs)
+
+    # -- gradient sync and clipping ------------------------------------------------------
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self._halo_meter.count(inputs)
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
+            sync_gradients(self.model)
+        return loss
+
+    def _clip_grad_norm(self, model):
+        return clip_grad_norm_(self.model, self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return clip_grad_norm_(self.model, float("inf")) if grad_norm is None else grad_norm
+
+    # -- metrics ---------------------------------------------------------------------------
+
+    def log(self, logs, *args, **kwargs):
+        if "loss" in logs:
+            logs.update(self._halo_meter.drain(self.args.device))
+        return super().log(logs, *args, **kwargs)
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        checkpoint.save_model(self.model, output_dir or self.args.output_dir, self.processing_class)
+
+    def _get_output_dir(self, trial):
+        run_dir = super()._get_output_dir(trial)
+        return checkpoint.staged_checkpoint_root(run_dir) if self._halo_staging else run_dir
+
+    def _save_checkpoint(self, model, trial):
+        self._halo_staging = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._halo_staging = False
+        name = f"checkpoint-{self.state.global_step}"
+        final = checkpoint.promote_checkpoint(self._get_output_dir(trial), name)
+        if self.state.best_model_checkpoint and self.state.best_model_checkpoint.endswith(os.sep + name):
+            self.state.best_model_checkpoint = final
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        checkpoint.save_optimizer_shard(self.optimizer, output_dir)
+        if self.args.should_save:
+            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+
+    def _load_optimizer_and_scheduler(self, folder):
+        if folder is None:
+            return
+        checkpoint.load_optimizer_shard(self.optimizer, folder)
+        self.lr_scheduler.load_state_dict(torch.load(os.path.join(folder, "scheduler.pt"), weights_only=True))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        load_into(self.model, resume_from_checkpoint)

@@ -1,0 +1,1 @@
+"""The small parts ``DistributedTrainerMixin`` is composed of; each is usable and testable alone."""

@@ -1,0 +1,21 @@
+"""Parallel setup: lay the model out once, and keep Accelerate from wrapping it again."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.layout_state import layout_of
+
+
+def lay_out(model: nn.Module, config: ParallelConfig) -> nn.Module:
+    """``parallelize`` unless already done (``halo_core.from_pretrained`` lays out while loading)."""
+    from halo_core.parallel.parallelize import parallelize
+
+    try:
+        layout_of(model)
+    except RuntimeError:
+        model = parallelize(model, config)
+    # The model owns its placement and gradient reduction: Accelerate must neither move it nor wrap it in DDP.
+    model._is_accelerate_prepared = True
+    return model

@@ -1,0 +1,30 @@
+"""Tokens per second per device and peak memory per device, added to the trainer's logged metrics."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class ThroughputMeter:
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.since = time.perf_counter()
+
+    def count(self, inputs: dict) -> None:
+        mask = inputs.get("attention_mask")
+        ids = inputs.get("input_ids")
+        if mask is not None:
+            self.tokens += int(mask.sum())
+        elif ids is not None:
+            self.tokens += ids.numel()
+
+    def drain(self, device: torch.device) -> dict[str, float]:
+        """Metrics since the last call, then reset."""
+        now = time.perf_counter()
+        metrics = {"tokens_per_second_per_device": round(self.tokens / max(now - self.since, 1e-9), 1)}
+        if device.type == "cuda":
+            metrics["peak_memory_gib_per_device"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+        self.tokens, self.since = 0, now
+        return metrics

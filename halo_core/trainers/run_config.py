@@ -1,0 +1,183 @@
+"""A run's configuration: one YAML file plus ``--field=value`` overrides, checked before any process starts.
+
+Keys are Halo's own (``HaloArguments``) or the method's TRL/transformers config fields.
+Unknown keys (with the closest valid key), wrong types, missing data, and impossible
+parallel layouts (degrees against the world size, experts against ``ep``, splits the
+model's family does not declare) are refused with a ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from halo_core.errors import ConfigError, HaloError
+from halo_core.trainers.arguments import DatasetSource, HaloArguments
+from halo_core.trainers.typecheck import describe, matches
+
+#: Fields resolved against the YAML file's folder when that path exists there.
+_PATH_FIELDS = ("model_name_or_path",)
+_EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+@dataclass
+class RunConfig:
+    method: str
+    halo: HaloArguments
+    #: Fields of the method's TRL/transformers config, validated, ready for ``config_class(**trainer)``.
+    trainer: dict[str, Any]
+    source: str
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "halo": dataclasses.asdict(self.halo), "trainer": self.trainer, "source": self.source}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "RunConfig":
+        halo = dict(data["halo"])
+        halo["dataset"] = [DatasetSource(**d) for d in halo["dataset"]]
+        return cls(data["method"], HaloArguments(**halo), data["trainer"], data["source"])
+
+
+def parse_overrides(tokens: list[str]) -> dict[str, Any]:
+    """``["--lr=1e-3", "--max_steps", "5"]`` -> ``{"lr": 0.001, "max_steps": 5}`` (values parsed as YAML)."""
+    overrides: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if not token.startswith("--") or token == "--":
+            raise ConfigError(f"override {token!r} is not of the form --field=value or --field value")
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(tokens) or tokens[i + 1].startswith("--"):
+                raise ConfigError(f"override --{key} has no value; write --{key}=VALUE")
+            value = tokens[i + 1]
+            i += 1
+        overrides[key.replace("-", "_")] = yaml.safe_load(value) if value != "" else ""
+        i += 1
+    return overrides
+
+
+def _type_hints(cls) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls) if f.init}
+
+
+def _check_key(key: str, known: set[str], where: str) -> None:
+    if key not in known:
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else "; see agent-docs/configuration.md for the valid keys"
+        raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+
+
+def _check_value(key: str, value: Any, annotation: Any, where: str) -> None:
+    if not matches(value, annotation):
+        raise ConfigError(f"{where}: {key} must be {describe(annotation)}, got {value!r} ({type(value).__name__})")
+
+
+def _datasets(raw: Any, base: Path, where: str) -> list[DatasetSource]:
+    if isinstance(raw, (str, dict)):
+        raw = [raw]
+    if not isinstance(raw, list) or not raw:
+        raise ConfigError(f"{where}: dataset must be a non-empty list of sources, each with a 'path'")
+    hints = _type_hints(DatasetSource)
+    sources = []
+    for index, entry in enumerate(raw):
+        entry = {"path": entry} if isinstance(entry, str) else entry
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise ConfigError(f"{where}: dataset[{index}] needs a 'path' (a .jsonl/.json/.parquet file, a saved folder or a hub id)")
+        for key, value in entry.items():
+            _check_key(key, set(hints), f"{where}: dataset[{index}]")
+            _check_value(f"dataset[{index}].{key}", value, hints[key], where)
+        local = base / entry["path"]
+        if local.exists():
+            entry = {**entry, "path": str(local.resolve())}
+        elif Path(entry["path"]).suffix in {".jsonl", ".json", ".parquet"} or entry["path"].startswith((".", "/")):
+            raise ConfigError(f"{where}: dataset[{index}].path {entry['path']!r} does not exist (looked in {base} and the current folder)")
+        sources.append(DatasetSource(**entry))
+    return sources
+
+
+def load_run_config(method: str, config_class: type, yaml_path: str | Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Merge the YAML file and the overrides (which win) and check every key and value."""
+    path = Path(yaml_path)
+    where = str(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping of field: value")
+    merged = {**raw, **(overrides or {})}
+
+    halo_hints = _type_hints(HaloArguments)
+    trainer_hints = _type_hints(config_class)
+    known = set(halo_hints) | set(trainer_hints)
+    for key in merged:
+        _check_key(key, known, where)
+    for key in ("model_name_or_path", "dataset"):
+        if key not in merged:
+            raise ConfigError(f"{where}: {key} is required")
+
+    halo_fields = {k: v for k, v in merged.items() if k in halo_hints}
+    halo_fields["dataset"] = _datasets(halo_fields["dataset"], path.parent, where)
+    for key, value in halo_fields.items():
+        if key != "dataset":
+            _check_value(key, value, halo_hints[key], where)
+    for key in _PATH_FIELDS:
+        local = path.parent / halo_fields[key]
+        if local.exists():
+            halo_fields[key] = str(local.resolve())
+    trainer = {k: v for k, v in merged.items() if k in trainer_hints and k not in halo_hints}
+    for key, value in trainer.items():
+        _check_value(key, value, trainer_hints[key], where)
+    return RunConfig(method, HaloArguments(**halo_fields), trainer, where)
+
+
+def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
+    """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family."""
+    from halo_core.registry import discover
+
+    try:
+        dims = run.halo.parallel_config().resolve(world_size)
+    except HaloError as exc:
+        raise ConfigError(f"{run.source}: {exc} (set in expert_parallel_size / tensor_parallel_size / context_parallel_size / expert_tensor_parallel_size, or change --nproc)") from None
+    model_config = _model_config(run)
+    model_type = getattr(model_config, "model_type", None)
+    registry = registry or discover()
+    record = registry.family_record(model_type) if model_type else None
+    asked = {s: getattr(dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1}
+    if asked and model_type:
+        supported = registry.supported_splits(record, model_type) if record else frozenset()
+        missing = set(asked) - supported
+        if missing:
+            owner = f"family {record.name!r}" if record else "no installed family plugin"
+            raise ConfigError(
+                f"{run.source}: {owner} supports {sorted(supported) or 'data parallelism only'} for model type "
+                f"{model_type!r}, not {', '.join(f'{s}={asked[s]}' for s in sorted(missing))}; set those sizes to 1"
+            )
+    experts = next((getattr(model_config, f) for f in _EXPERT_COUNT_FIELDS if getattr(model_config, f, None)), None)
+    if experts and dims.ep > 1 and experts % dims.ep:
+        raise ConfigError(f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide")
+    return {"dims": dims, "model_type": model_type, "family": record.name if record else None}
+
+
+def _model_config(run: RunConfig):
+    from transformers import AutoConfig
+
+    folder = Path(run.halo.model_name_or_path)
+    if not folder.exists():
+        if run.halo.random_init:
+            raise ConfigError(f"{run.source}: random_init needs a local model folder with config.json; {folder} does not exist")
+        return None  # a hub id: checked when the worker loads it
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except Exception as exc:
+        raise ConfigError(f"{run.source}: model_name_or_path {folder} has no readable config.json ({exc})") from None

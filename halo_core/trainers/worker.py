@@ -1,0 +1,18 @@
+"""Entry of each process ``torch.distributed.run`` starts: ``python -m halo_core.trainers.worker RUN.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from halo_core.trainers.method import get_method
+from halo_core.trainers.run_config import RunConfig
+
+
+def main(path: str) -> None:
+    run = RunConfig.from_json(json.loads(open(path).read()))
+    get_method(run.method).run(run)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
