@@ -17,9 +17,10 @@ from typing import Any
 
 import yaml
 
+from halo_core.trainers import yaml_loader
 from halo_core.errors import ConfigError, HaloError
 from halo_core.trainers.arguments import DatasetSource, HaloArguments
-from halo_core.trainers.typecheck import describe, matches
+from halo_core.trainers.typecheck import coerce, describe, matches
 
 #: Fields resolved against the YAML file's folder when that path exists there.
 _PATH_FIELDS = ("model_name_or_path",)
@@ -58,7 +59,7 @@ def parse_overrides(tokens: list[str]) -> dict[str, Any]:
                 raise ConfigError(f"override --{key} has no value; write --{key}=VALUE")
             value = tokens[i + 1]
             i += 1
-        overrides[key.replace("-", "_")] = yaml.safe_load(value) if value != "" else ""
+        overrides[key.replace("-", "_")] = yaml_loader.load(value) if value != "" else ""
         i += 1
     return overrides
 
@@ -75,9 +76,12 @@ def _check_key(key: str, known: set[str], where: str) -> None:
         raise ConfigError(f"{where}: unknown key {key!r}{hint}")
 
 
-def _check_value(key: str, value: Any, annotation: Any, where: str) -> None:
+def _check_value(key: str, value: Any, annotation: Any, where: str) -> Any:
+    """The value, coerced where YAML left a number as a string; a ``ConfigError`` if it does not fit."""
+    value = coerce(value, annotation)
     if not matches(value, annotation):
         raise ConfigError(f"{where}: {key} must be {describe(annotation)}, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def _datasets(raw: Any, base: Path, where: str) -> list[DatasetSource]:
@@ -93,7 +97,7 @@ def _datasets(raw: Any, base: Path, where: str) -> list[DatasetSource]:
             raise ConfigError(f"{where}: dataset[{index}] needs a 'path' (a .jsonl/.json/.parquet file, a saved folder or a hub id)")
         for key, value in entry.items():
             _check_key(key, set(hints), f"{where}: dataset[{index}]")
-            _check_value(f"dataset[{index}].{key}", value, hints[key], where)
+            entry[key] = _check_value(f"dataset[{index}].{key}", value, hints[key], where)
         local = base / entry["path"]
         if local.exists():
             entry = {**entry, "path": str(local.resolve())}
@@ -110,7 +114,7 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml_loader.load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
@@ -130,14 +134,14 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     halo_fields["dataset"] = _datasets(halo_fields["dataset"], path.parent, where)
     for key, value in halo_fields.items():
         if key != "dataset":
-            _check_value(key, value, halo_hints[key], where)
+            halo_fields[key] = _check_value(key, value, halo_hints[key], where)
     for key in _PATH_FIELDS:
         local = path.parent / halo_fields[key]
         if local.exists():
             halo_fields[key] = str(local.resolve())
     trainer = {k: v for k, v in merged.items() if k in trainer_hints and k not in halo_hints}
     for key, value in trainer.items():
-        _check_value(key, value, trainer_hints[key], where)
+        trainer[key] = _check_value(key, value, trainer_hints[key], where)
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where)
 
 

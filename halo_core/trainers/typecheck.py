@@ -37,6 +37,18 @@ def matches(value: Any, annotation: Any) -> bool:
     return True
 
 
+def coerce(value: Any, annotation: Any) -> Any:
+    """YAML 1.1 reads ``1e-5`` as a string; turn such strings into the number a numeric field expects."""
+    if isinstance(value, str) and not matches(value, annotation):
+        for kind in (int, float):
+            if matches(kind(0), annotation):
+                try:
+                    return kind(value)
+                except ValueError:
+                    continue
+    return value
+
+
 def describe(annotation: Any) -> str:
     """A short human name for an annotation (``int``, ``float or null``, ``one of 'a', 'b'``)."""
     origin = typing.get_origin(annotation)

@@ -1,0 +1,105 @@
+"""`halo launch sft` end to end on the CPU: layouts give the same training as one process and as stock TRL."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from halo_core.testing.compare import assert_close
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "templates" / "configs" / "tiny-qwen3-moe.yaml"
+# Float32 and no aux loss (it is computed per rank's batch, as under DDP). SGD rather than AdamW: Adam's first
+# steps turn rounding-level gradient differences on an almost unused expert into learning-rate-sized updates
+# (m / sqrt(v) ~ sign(g)), which would test float noise, not the layout.
+COMMON = ["--max_steps=4", "--optim=sgd", "--learning_rate=0.5", "--lr_scheduler_type=constant", "--warmup_steps=0", "--logging_steps=1",
+          "--save_strategy=no", "--router_aux_loss_coef=0.0", "--seed=3", "--max_grad_norm=1.0"]
+
+
+def launch(output_dir, *args, nproc=1):
+    command = [sys.executable, "-m", "halo_cli", "launch", "sft", str(TINY), "--nproc", str(nproc), "--", f"--output_dir={output_dir}", *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def losses(output_dir):
+    """Per-step losses from the last checkpoint's or the run's trainer state (transformers rounds them to 4 digits)."""
+    states = sorted(Path(output_dir).glob("checkpoint-*/trainer_state.json"))
+    state = json.loads(states[-1].read_text()) if states else None
+    return [entry["loss"] for entry in state["log_history"] if "loss" in entry] if state else None
+
+
+def weights(output_dir):
+    """The saved model as transformers loads it (fused experts, original names)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).state_dict()
+
+
+@pytest.fixture(scope="module")
+def single_process(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "run"
+    launch(out, *COMMON, "--expert_parallel_size=1", "--per_device_train_batch_size=2", "--save_strategy=steps", "--save_steps=4")
+    return out
+
+
+def test_expert_parallel_run_matches_the_single_process_run(single_process, tmp_path):
+    out = tmp_path / "ep2"
+    launch(out, *COMMON, "--expert_parallel_size=2", "--per_device_train_batch_size=1", "--save_strategy=steps", "--save_steps=4", nproc=2)
+    expected, actual = losses(single_process), losses(out)
+    assert len(expected) == 4 and actual == pytest.approx(expected, abs=1e-4)  # 4-digit rounding in the logs
+    reference = weights(single_process)
+    for name, tensor in weights(out).items():
+        assert_close(tensor, reference[name], f"{name} after 4 steps at ep=2")
+
+
+def test_single_process_run_matches_stock_trl(single_process, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from halo_core.trainers.parts.data import load_sources
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    run = load_run_config("sft", SFTConfig, TINY, parse_overrides([*COMMON, "--expert_parallel_size=1", "--per_device_train_batch_size=2", f"--output_dir={tmp_path}"]))
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(run.halo.model_name_or_path), dtype=torch.float32)
+    trainer = SFTTrainer(
+        model=model,
+        args=SFTConfig(**{**run.trainer, "use_cpu": True}),
+        train_dataset=load_sources(run.halo.dataset),
+        processing_class=AutoTokenizer.from_pretrained(run.halo.model_name_or_path),
+    )
+    trainer.train()
+    stock = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert stock == pytest.approx(losses(single_process), abs=1e-4)
+    reference = weights(single_process)
+    for name, tensor in model.state_dict().items():
+        assert_close(tensor, reference[name], f"{name}: stock TRL vs halo --nproc 1")
+
+
+def test_resume_continues_exactly(tmp_path):
+    args = [*COMMON, "--max_steps=6", "--per_device_train_batch_size=1", "--save_strategy=steps", "--save_steps=3"]
+    straight = tmp_path / "straight"
+    launch(straight, *args, nproc=2)
+    interrupted = tmp_path / "interrupted"
+    launch(interrupted, *[a for a in args if not a.startswith("--max_steps")], "--max_steps=3", nproc=2)
+    launch(interrupted, *args, f"--resume_from_checkpoint={interrupted / 'checkpoint-3'}", nproc=2)
+    reference = weights(straight)
+    for name, tensor in weights(interrupted).items():
+        assert_close(tensor, reference[name], f"{name} after resuming at step 3")
+    assert losses(interrupted)[-3:] == pytest.approx(losses(straight)[-3:], abs=1e-4)
+
+
+def test_the_checkpoint_is_plain_hugging_face(single_process):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for folder in (single_process, single_process / "checkpoint-4"):
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        assert model.config.model_type == "qwen3_moe" and model.config._experts_implementation != "halo_ep"
+        assert AutoTokenizer.from_pretrained(folder).pad_token == "<pad>"
+    assert not list(single_process.glob("*tmp*")) and not list(single_process.glob(".*"))
