@@ -1,0 +1,114 @@
+"""Every refusal of the run configuration, before any process starts."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from trl import SFTConfig
+
+from conftest import run_halo
+from halo_core.errors import ConfigError
+from halo_core.trainers.run_config import check_layout, load_run_config, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "templates" / "configs" / "tiny-qwen3-moe.yaml"
+
+
+def load(overrides=(), path=TINY):
+    return load_run_config("sft", SFTConfig, path, parse_overrides(list(overrides)))
+
+
+def test_the_embedded_default_resolves_paths_next_to_the_file():
+    run = load()
+    assert Path(run.halo.model_name_or_path) == ROOT / "templates" / "tiny" / "model"
+    assert Path(run.halo.dataset[0].path) == ROOT / "templates" / "tiny" / "data" / "arithmetic.jsonl"
+    assert run.halo.expert_parallel_size == 2 and run.trainer["max_steps"] > 0
+
+
+def test_overrides_win_and_yaml_scalars_are_version_1_2():
+    run = load(["--learning_rate=1e-5", "--save_strategy", "no", "--expert-parallel-size=1", "--bf16=false"])
+    assert run.trainer["learning_rate"] == 1e-5 and run.trainer["save_strategy"] == "no"
+    assert run.halo.expert_parallel_size == 1 and run.trainer["bf16"] is False
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--learnig_rate=0.1"], "unknown key 'learnig_rate'; did you mean 'learning_rate'?"),
+        (["--expert_paralel_size=2"], "unknown key 'expert_paralel_size'; did you mean 'expert_parallel_size'?"),
+        (["--zzz=1"], "unknown key 'zzz'; see agent-docs/configuration.md"),
+        (["--learning_rate=fast"], "learning_rate must be float, got 'fast' (str)"),
+        (["--max_steps=2.5"], "max_steps must be int, got 2.5 (float)"),
+        (["--expert_parallel_size=two"], "expert_parallel_size must be int, got 'two' (str)"),
+        (["--random_init=maybe"], "random_init must be bool, got 'maybe' (str)"),
+        (["--dataset=missing.jsonl"], "dataset[0].path 'missing.jsonl' does not exist"),
+        (["--dataset=[{split: train}]"], "dataset[0] needs a 'path'"),
+        (["--dataset=[{path: x.jsonl, splt: a}]"], "dataset[0]: unknown key 'splt'; did you mean 'split'?"),
+        (["--dataset=[]"], "dataset must be a non-empty list"),
+    ],
+)
+def test_bad_keys_and_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load(overrides)
+
+
+@pytest.mark.parametrize(
+    "tokens, message",
+    [(["max_steps=3"], "override 'max_steps=3' is not of the form --field=value"), (["--max_steps"], "override --max_steps has no value")],
+)
+def test_malformed_overrides(tokens, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_overrides(tokens)
+
+
+def test_missing_required_fields_and_files(tmp_path):
+    (tmp_path / "a.yaml").write_text("dataset: [x]\n")
+    with pytest.raises(ConfigError, match="model_name_or_path is required"):
+        load(path=tmp_path / "a.yaml")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(path=tmp_path / "nope.yaml")
+    (tmp_path / "b.yaml").write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load(path=tmp_path / "b.yaml")
+    (tmp_path / "c.yaml").write_text("a: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load(path=tmp_path / "c.yaml")
+
+
+@pytest.mark.parametrize(
+    "overrides, world, message",
+    [
+        ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
+        (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide"),
+        (["--expert_parallel_size=1", "--context_parallel_size=2"], 2, "family 'qwen3-moe' supports ['ep'] for model type 'qwen3_moe', not cp=2"),
+        (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
+    ],
+)
+def test_impossible_layouts(overrides, world, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_layout(load(overrides), world)
+
+
+def test_random_init_needs_a_local_config(tmp_path):
+    shutil.copy(TINY, tmp_path / "run.yaml")
+    with pytest.raises(ConfigError, match="random_init needs a local model folder"):
+        check_layout(load(["--model_name_or_path=some/hub-id", f"--dataset={TINY}"], path=tmp_path / "run.yaml"), 2)
+
+
+def test_cli_refuses_before_starting_anything(tmp_path):
+    result = run_halo("launch", "sft", str(TINY), "--nproc", "3", "--", f"--output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2 and "expert_parallel_size=3" not in result.stderr
+    assert "ep*etp = 2*1 = 2 does not divide the data-parallel size 3" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+    unknown = run_halo("launch", "dpo-magic", str(TINY))
+    assert unknown.returncode == 2 and "unknown method 'dpo-magic'; known methods: sft" in unknown.stderr
+
+
+def test_dry_run_prints_config_layout_and_family():
+    result = run_halo("launch", "sft", str(TINY), "--nproc", "4", "--dry-run", env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert "expert_parallel_size: 2" in result.stdout and "family: qwen3-moe" in result.stdout
+    assert "world 4 = dp 4 x cp 1 x tp 1" in result.stdout
+    rows = [line for line in result.stdout.splitlines() if re.match(r"^│ \d", line)]
+    assert len(rows) == 4 and rows[3].split("│")[1:4] == [" 3    ", " 3  ", " 1  "]
