@@ -103,3 +103,18 @@ def test_the_checkpoint_is_plain_hugging_face(single_process):
         assert model.config.model_type == "qwen3_moe" and model.config._experts_implementation != "halo_ep"
         assert AutoTokenizer.from_pretrained(folder).pad_token == "<pad>"
     assert not list(single_process.glob("*tmp*")) and not list(single_process.glob(".*"))
+
+
+def test_bf16_trains_with_adamw_bf16_and_resumes_exactly(tmp_path):
+    args = ["--bf16=true", "--optim=adamw_torch", "--learning_rate=1e-3", "--max_steps=4", "--logging_steps=1", "--seed=3",
+            "--per_device_train_batch_size=2", "--save_strategy=steps", "--save_steps=2", "--router_aux_loss_coef=0.0"]
+    straight = tmp_path / "straight"
+    launch(straight, *args, nproc=2)
+    state = torch.load(straight / "checkpoint-4" / "optimizer.rank1.pt", weights_only=False)["state"]
+    assert {s["exp_avg"].dtype for s in state.values()} == {torch.bfloat16}
+    interrupted = tmp_path / "interrupted"
+    launch(interrupted, *args, "--max_steps=2", nproc=2)
+    launch(interrupted, *args, f"--resume_from_checkpoint={interrupted / 'checkpoint-2'}", nproc=2)
+    reference = weights(straight)
+    for name, tensor in weights(interrupted).items():
+        assert torch.equal(tensor, reference[name]), f"{name} differs after resuming a bf16 run"

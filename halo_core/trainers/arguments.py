@@ -34,6 +34,8 @@ class HaloArguments:
     context_parallel_size: int = 1
     #: Expert token-dispatch back-end, by name in the ``halo.dispatchers`` entry-point group.
     ep_dispatcher: str = "torch"
+    #: With ``bf16: true``: keep a bf16 Kahan compensation buffer per parameter (fp32-like accuracy, +2 bytes/param).
+    adamw_bf16_kahan: bool = False
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

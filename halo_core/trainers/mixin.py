@@ -16,15 +16,24 @@ from halo_core.parallel.grads import clip_grad_norm_, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint
 from halo_core.trainers.parts.layout import lay_out
+from halo_core.trainers.parts.optimizer import build_adamw_bf16, wants_adamw_bf16
 from halo_core.trainers.parts.throughput import ThroughputMeter
 
 
 class DistributedTrainerMixin:
-    def __init__(self, *args, parallel_config: ParallelConfig | None = None, **kwargs):
+    def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
+        self._halo_kahan = adamw_bf16_kahan
         self._halo_meter = ThroughputMeter()
         self._halo_staging = False
         super().__init__(*args, **kwargs)
+
+    # -- optimizer -------------------------------------------------------------------------
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and wants_adamw_bf16(self.args):
+            self.optimizer = build_adamw_bf16(self, self._halo_kahan)
+        return super().create_optimizer(model) if self.optimizer is None else self.optimizer
 
     # -- gradient sync and clipping ------------------------------------------------------
 

@@ -26,6 +26,7 @@ def run(run: RunConfig) -> None:
         train_dataset=load_sources(run.halo.dataset),
         processing_class=build_tokenizer(run.halo),
         parallel_config=run.halo.parallel_config(),
+        adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
     )
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()

@@ -1,0 +1,113 @@
+"""AdamW for bf16 training: parameters and both moments stored in bf16, the update computed in fp32.
+
+Storing the moments in bf16 halves the optimizer state of fp32 AdamW (4 bytes a parameter
+instead of 8), and bf16 parameters need no fp32 master copy. Plain round-to-nearest would
+lose every update smaller than half a bf16 ulp of the weight (training stalls); here each
+stored value is rounded stochastically, so updates survive in expectation. The random
+bits are a hash of (seed, step, parameter, element): replicas stay identical and a resumed
+run continues exactly. ``kahan=True`` instead keeps a bf16 compensation buffer with the
+rounding error of each parameter (2 more bytes a parameter) for fp32-like accuracy.
+
+On CUDA tensors the fused Triton kernel (``adamw_bf16_triton``) runs the same arithmetic
+with the same random bits; elsewhere this file's PyTorch implementation does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from halo_core.optim.rounding import stochastic_round, stream_key
+
+_PARAM, _EXP_AVG, _EXP_AVG_SQ = 0, 1, 2
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+class AdamWBF16(torch.optim.Optimizer):
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01, *, kahan: bool = False, seed: int = 0, use_triton: bool | None = None):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"AdamWBF16: invalid hyper-parameters lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, kahan=kahan))
+        self.seed = seed
+        self.use_triton = use_triton
+
+    def _state(self, param: torch.Tensor, kahan: bool) -> dict:
+        state = self.state[param]
+        if not state:
+            state["step"] = 0
+            moment_dtype = torch.bfloat16 if param.dtype == torch.bfloat16 else torch.float32
+            state["exp_avg"] = torch.zeros_like(param, dtype=moment_dtype)
+            state["exp_avg_sq"] = torch.zeros_like(param, dtype=moment_dtype)
+            if kahan and param.dtype == torch.bfloat16:
+                state["compensation"] = torch.zeros_like(param)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        index = 0
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for param in group["params"]:
+                index += 1
+                if param.grad is None:
+                    continue
+                state = self._state(param, group["kahan"])
+                state["step"] += 1
+                step = state["step"]
+                keys = [stream_key(self.seed, step, index, t) for t in (_PARAM, _EXP_AVG, _EXP_AVG_SQ)]
+                # Scalars are computed once here, in double, so both implementations round them alike.
+                hyper = dict(
+                    beta1=beta1,
+                    one_minus_beta1=1 - beta1,
+                    beta2=beta2,
+                    one_minus_beta2=1 - beta2,
+                    eps=group["eps"],
+                    decay=1 - group["lr"] * group["weight_decay"],
+                    step_size=group["lr"] / (1 - beta1**step),
+                    bias_correction2_sqrt=math.sqrt(1 - beta2**step),
+                )
+                tensors = [_local(param), _local(param.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"])]
+                compensation = _local(state["compensation"]) if "compensation" in state else None
+                self._update(tensors, compensation, keys, hyper)
+        return loss
+
+    def _update(self, tensors, compensation, keys, hyper) -> None:
+        use_triton = self.use_triton if self.use_triton is not None else tensors[0].is_cuda
+        if use_triton:
+            from halo_core.optim.adamw_bf16_triton import fused_update
+
+            fused_update(*tensors, compensation, keys, **hyper)
+        else:
+            reference_update(*tensors, compensation, keys, **hyper)
+
+
+def _store(target: torch.Tensor, value: torch.Tensor, key: int) -> None:
+    target.copy_(stochastic_round(value, key) if target.dtype == torch.bfloat16 else value)
+
+
+def reference_update(param, grad, exp_avg, exp_avg_sq, compensation, keys, *, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt) -> None:
+    """One AdamW step on one tensor in fp32 (decoupled weight decay), stored back with stochastic rounding."""
+    p = param.float()
+    if compensation is not None:
+        p = p + compensation.float()
+    g = grad.float()
+    m = exp_avg.float() * beta1 + g * one_minus_beta1
+    v = exp_avg_sq.float() * beta2 + g * g * one_minus_beta2
+    p = p * decay
+    p = p - step_size * m / (v.sqrt() / bias_correction2_sqrt + eps)
+    if compensation is not None:
+        param.copy_(p)  # round to nearest; the error goes to the compensation buffer
+        compensation.copy_(p - param.float())
+    else:
+        _store(param, p, keys[_PARAM])
+    _store(exp_avg, m, keys[_EXP_AVG])
+    _store(exp_avg_sq, v, keys[_EXP_AVG_SQ])

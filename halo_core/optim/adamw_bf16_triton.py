@@ -1,0 +1,81 @@
+"""The fused Triton kernel of ``AdamWBF16``: one pass over parameter, gradient and both moments.
+
+Same arithmetic and the same random bits as ``adamw_bf16.reference_update`` (the hash is
+``rounding.hash32`` in 64-bit integers masked to 32 bits). The compiler may contract a
+multiply and an add into one fused operation where PyTorch rounds twice, so results can
+differ from the reference in the last bit of fp32 before rounding; ``bench/adamw_bf16.py``
+measures how often that changes a stored bf16 value.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024
+
+
+@triton.jit
+def _hash32(x):
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _stochastic_round(value, offsets, key):
+    bits = value.to(tl.uint32, bitcast=True).to(tl.uint64)
+    noise = _hash32(offsets.to(tl.uint64) ^ key) & 0xFFFF
+    rounded = ((bits + noise) & 0xFFFF0000).to(tl.uint32).to(tl.float32, bitcast=True)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    return tl.where(finite, rounded, value).to(tl.bfloat16)
+
+
+@triton.jit
+def _adamw_bf16_kernel(
+    p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, n,
+    beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt,
+    key_p, key_m, key_v,
+    HAS_COMPENSATION: tl.constexpr, P_BF16: tl.constexpr, M_BF16: tl.constexpr, BLOCK: tl.constexpr,
+):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    p = tl.load(p_ptr + offsets, mask=mask).to(tl.float32)
+    if HAS_COMPENSATION:
+        p = p + tl.load(c_ptr + offsets, mask=mask).to(tl.float32)
+    g = tl.load(g_ptr + offsets, mask=mask).to(tl.float32)
+    m = tl.load(m_ptr + offsets, mask=mask).to(tl.float32) * beta1 + g * one_minus_beta1
+    v = tl.load(v_ptr + offsets, mask=mask).to(tl.float32) * beta2 + g * g * one_minus_beta2
+    p = p * decay
+    p = p - tl.div_rn(step_size * m, tl.div_rn(tl.sqrt_rn(v), bias_correction2_sqrt) + eps)
+    if HAS_COMPENSATION:
+        stored = p.to(tl.bfloat16)
+        tl.store(p_ptr + offsets, stored, mask=mask)
+        tl.store(c_ptr + offsets, (p - stored.to(tl.float32)).to(tl.bfloat16), mask=mask)
+    elif P_BF16:
+        tl.store(p_ptr + offsets, _stochastic_round(p, offsets, key_p), mask=mask)
+    else:
+        tl.store(p_ptr + offsets, p, mask=mask)
+    if M_BF16:
+        tl.store(m_ptr + offsets, _stochastic_round(m, offsets, key_m), mask=mask)
+        tl.store(v_ptr + offsets, _stochastic_round(v, offsets, key_v), mask=mask)
+    else:
+        tl.store(m_ptr + offsets, m, mask=mask)
+        tl.store(v_ptr + offsets, v, mask=mask)
+
+
+def fused_update(param, grad, exp_avg, exp_avg_sq, compensation, keys, **hyper) -> None:
+    for tensor in (param, grad, exp_avg, exp_avg_sq):
+        if not tensor.is_contiguous():
+            raise ValueError("AdamWBF16's Triton kernel needs contiguous parameters, gradients and states")
+    n = param.numel()
+    _adamw_bf16_kernel[(triton.cdiv(n, BLOCK),)](
+        param, grad, exp_avg, exp_avg_sq, compensation if compensation is not None else param, n,
+        hyper["beta1"], hyper["one_minus_beta1"], hyper["beta2"], hyper["one_minus_beta2"], hyper["eps"],
+        hyper["decay"], hyper["step_size"], hyper["bias_correction2_sqrt"], *keys,
+        HAS_COMPENSATION=compensation is not None, P_BF16=param.dtype == torch.bfloat16,
+        M_BF16=exp_avg.dtype == torch.bfloat16, BLOCK=BLOCK,
+    )

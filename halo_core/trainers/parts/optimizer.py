@@ -1,0 +1,28 @@
+"""Optimizer choice: ``bf16: true`` trains bf16 weights with ``AdamWBF16``; otherwise the user's ``optim`` stands."""
+
+from __future__ import annotations
+
+from halo_core.optim import AdamWBF16
+
+
+def wants_adamw_bf16(args) -> bool:
+    return bool(args.bf16)
+
+
+def build_adamw_bf16(trainer, kahan: bool) -> AdamWBF16:
+    """AdamWBF16 with the trainer's learning rate, betas, epsilon and weight-decay grouping."""
+    args = trainer.args
+    decay = set(trainer.get_decay_parameter_names(trainer.model))
+    params = [(n, p) for n, p in trainer.model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in params if n in decay], "weight_decay": args.weight_decay},
+        {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
+    ]
+    return AdamWBF16(
+        [g for g in groups if g["params"]],
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        kahan=kahan,
+        seed=args.seed,
+    )
