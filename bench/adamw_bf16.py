@@ -60,7 +60,12 @@ def check(numel: int, mode: str) -> dict:
         fused_update(*fused, fused_c, keys, **HYPER)
     torch.cuda.synchronize()
     result = {"numel": numel, "mode": mode}
-    for name, a, b in [("param", ref[0], fused[0]), ("exp_avg", ref[2], fused[2]), ("exp_avg_sq", ref[3], fused[3])] + ([("compensation", ref_c, fused_c)] if comp is not None else []):
+    pairs = [("exp_avg", ref[2], fused[2]), ("exp_avg_sq", ref[3], fused[3])]
+    if comp is None:
+        pairs.append(("param", ref[0], fused[0]))
+    else:  # Kahan: what matters is parameter + compensation, the value the next step starts from
+        pairs.append(("param+compensation", ref[0].float() + ref_c.float(), fused[0].float() + fused_c.float()))
+    for name, a, b in pairs:
         frac, worst = differences(b, a)
         result[name] = {"fraction_differing": frac, "max_relative_to_scale": worst}
         if frac > 1e-3 or worst > 1e-2:
