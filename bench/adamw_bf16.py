@@ -6,7 +6,8 @@ Correctness: both run three steps on clones of the same random parameter, gradie
 moments (bf16, and the Kahan and fp32-parameter variants); for each stored tensor the
 script reports the fraction of elements whose bits differ and the largest difference
 relative to the tensor's largest magnitude, and fails if more than 1e-3 of the elements
-differ or any difference exceeds 1e-2 of that scale (bf16 precision). Differences come
+differ or any difference exceeds 1e-2 of that scale (bf16 precision); fp32 values (the
+fp32-parameter mode, Kahan's parameter plus compensation) must agree within 1e-5 of scale. Differences come
 from fused multiply-adds, which round once where PyTorch rounds twice; near zero such a
 difference can flip the sign of a moment, which is why ulps are not the measure. Speed: one optimizer step over N parameters, median of 50 CUDA-event timings, for
 the Triton kernel, the PyTorch reference, and torch.optim.AdamW(fused=True) on fp32
@@ -68,7 +69,9 @@ def check(numel: int, mode: str) -> dict:
     for name, a, b in pairs:
         frac, worst = differences(b, a)
         result[name] = {"fraction_differing": frac, "max_relative_to_scale": worst}
-        if frac > 1e-3 or worst > 1e-2:
+        # bf16-stored values: rare one-ulp flips; fp32 values (fp32 mode, Kahan's sum): last-bit differences only.
+        bad = (frac > 1e-3 or worst > 1e-2) if b.dtype == torch.bfloat16 else worst > 1e-5
+        if bad:
             raise SystemExit(f"Triton kernel disagrees with the reference: {result}")
     return result
 
