@@ -91,10 +91,10 @@ def _details(registry: Registry, record: PluginRecord) -> dict:
 
 def _wrapped_paths(registry: Registry, record: PluginRecord, model_type: str) -> dict:
     from halo_core.layout import find_attention, find_moe_blocks
-    from halo_core.tiny import tiny_model
+    from halo_core.tiny import tiny_family_model
 
     try:
-        model = tiny_model(model_type, record.family.tiny_config, device="meta")
+        model = tiny_family_model(record.family, model_type, device="meta")
     except Exception as exc:
         return {"error": f"could not build a tiny {model_type} model: {type(exc).__name__}: {exc}"}
     return {

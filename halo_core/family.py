@@ -52,6 +52,8 @@ class Family:
     attention: str | tuple[str, ...] = "model.layers.*.self_attn"
     #: Config overrides that make a tiny random model of this family build and run (tests, `show`).
     tiny_config: Mapping[str, Any] = field(default_factory=dict)
+    #: transformers class to build the model with, where ``AutoModelForCausalLM`` does not map the config.
+    model_class: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_types", _as_tuple(self.model_types))

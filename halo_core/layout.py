@@ -43,9 +43,22 @@ def find_attention(model: nn.Module, family: Family) -> list[tuple[str, nn.Modul
 
 
 def _fused_expert_count(module: nn.Module) -> int | None:
-    """Number of experts if ``module`` holds fused 3-D expert weights (transformers' experts interface)."""
-    shapes = [p.shape for p in module.parameters(recurse=False) if p.dim() == 3]
-    return shapes[0][0] if shapes else None
+    """Number of experts if ``module`` holds fused 3-D expert weights (transformers' experts interface).
+
+    At least two 3-D parameters with the same leading size (gate/up and down projections),
+    so a lone convolution weight is not taken for experts.
+    """
+    leading = [p.shape[0] for p in module.parameters(recurse=False) if p.dim() == 3]
+    return leading[0] if len(leading) >= 2 and len(set(leading)) == 1 else None
+
+
+def router_weight(router: nn.Module, num_experts: int) -> nn.Parameter | None:
+    """The router's ``[num_experts, hidden]`` projection: its own ``weight`` or that of a child (``router.proj``)."""
+    for _, module in [("", router), *router.named_modules()]:
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, nn.Parameter) and weight.dim() == 2 and weight.shape[0] == num_experts:
+            return weight
+    return None
 
 
 def _pattern(name: str) -> str:
@@ -73,8 +86,7 @@ def infer_layout(model: nn.Module) -> dict[str, tuple[str, ...] | str]:
             if count is None:
                 continue
             for router_name, router in module.named_children():
-                weight = getattr(router, "weight", None)
-                if router is not child and isinstance(weight, nn.Parameter) and weight.dim() == 2 and weight.shape[0] == count:
+                if router is not child and router_weight(router, count) is not None:
                     blocks.append(_pattern(name))
                     routers.append(router_name)
                     experts.append(child_name)

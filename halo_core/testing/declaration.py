@@ -19,7 +19,7 @@ from halo_core.layout import find_attention, find_moe_blocks
 from halo_core.parallel.config import ParallelConfig
 from halo_core.registry import discover
 from halo_core.testing.equivalence import run_layouts
-from halo_core.tiny import tiny_model
+from halo_core.tiny import tiny_family_model
 
 
 #: Layouts per world size for each split with an engine; data parallelism fills the rest of the world.
@@ -38,7 +38,7 @@ def check_family(name: str, *, seed: int | None = None) -> None:
     family = record.family
     for model_type in family.model_types:
         assert registry.family_record(model_type) is record, f"model type {model_type!r} does not resolve to {name!r}"
-        model = tiny_model(model_type, family.tiny_config, seed=seed)
+        model = tiny_family_model(family, model_type, seed=seed)
         blocks = find_moe_blocks(model, family)
         assert blocks, (
             f"{model_type}: no module matches moe_block={family.moe_block} with children "

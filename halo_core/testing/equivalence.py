@@ -24,10 +24,10 @@ from halo_core.registry import discover
 from halo_core.testing.compare import assert_close
 from halo_core.testing.routing import starve_experts
 from halo_core.testing.spawn import spawn
-from halo_core.tiny import tiny_model
+from halo_core.tiny import config_top_k, tiny_model, top_k_key
 
 #: Three of eight experts per token, so top-k exceeds the two experts each rank holds at ep=4.
-KIT_CONFIG = {"num_experts_per_tok": 3, "output_router_logits": True}
+KIT_TOP_K = 3
 BATCH = 2
 MAX_NORM = 1e-2
 LR = 1.0
@@ -49,12 +49,15 @@ def _check_layouts(rank: int, world: int, family_name: str, model_type: str, lay
 def uneven_model(record, model_type: str, ep: int, seed: int):
     """The kit's tiny model: the first MoE block never routes to the last EP rank's experts."""
     family = record.family
-    model = tiny_model(model_type, {**family.tiny_config, **KIT_CONFIG}, seed=seed).train()
-    top_k = model.config.num_experts_per_tok
+    kit = {"output_router_logits": True}
+    if top_k_key(model_type):
+        kit[top_k_key(model_type)] = KIT_TOP_K
+    model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed).train()  # the family's needs win
+    top_k = config_top_k(model.config)
     _, block = find_moe_blocks(model, family)[0]
     num_experts = count_experts(getattr(block, family.experts))
     starved = min(num_experts // ep, num_experts - 2 * top_k)
-    starve_experts(getattr(block, family.router), list(range(num_experts - starved, num_experts)), top_k)
+    starve_experts(getattr(block, family.router), num_experts, list(range(num_experts - starved, num_experts)), top_k)
     return model
 
 

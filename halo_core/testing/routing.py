@@ -1,7 +1,7 @@
 """Making routing uneven on purpose, by choosing router weights (the model stays the real one).
 
-``starve_experts`` makes a MoE block's router never pick some experts: their weight rows
-are zeroed (logit 0) and the remaining rows come in ``(w, -w)`` pairs, so for any input
+``starve_experts`` makes a MoE block's router never pick some experts: the rows of its
+``[E, hidden]`` projection (its own weight or a child's) for those experts are zeroed (logit 0) and the remaining rows come in ``(w, -w)`` pairs, so for any input
 at least one expert of every pair scores above 0. With at least ``top_k`` pairs the
 starved experts never reach the top-k. Router biases of shape ``[E]`` (GPT-OSS's bias,
 score-correction buffers) get a large negative value on the starved experts.
@@ -14,15 +14,18 @@ from torch import nn
 
 
 @torch.no_grad()
-def starve_experts(router: nn.Module, starved: list[int], top_k: int) -> None:
-    weight = router.weight
-    num_experts = weight.shape[0]
+def starve_experts(router: nn.Module, num_experts: int, starved: list[int], top_k: int) -> None:
+    from halo_core.layout import router_weight
+
+    weight = router_weight(router, num_experts)
+    if weight is None:
+        raise ValueError(f"{type(router).__name__} has no [{num_experts}, hidden] projection to set")
     others = [e for e in range(num_experts) if e not in starved]
     if len(others) // 2 < top_k:
         raise ValueError(f"starving {starved} leaves {len(others)} experts, fewer than 2*top_k={2 * top_k}")
     weight[starved] = 0.0
     for first, second in zip(others[0::2], others[1::2]):
         weight[second] = -weight[first]
-    for name, tensor in [*router.named_parameters(recurse=False), *router.named_buffers(recurse=False)]:
+    for name, tensor in [*router.named_parameters(), *router.named_buffers()]:
         if tensor.dim() == 1 and tensor.shape[0] == num_experts and "bias" in name:
             tensor[starved] = -1.0e4
