@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -49,6 +50,21 @@ def _table(registry: Registry) -> Table:
     if not registry.records:
         table.caption = "no family plugins installed"
     return table
+
+
+@app.command("matrix")
+def matrix(
+    write: Annotated[Optional[Path], typer.Option("--write", help="Write the Markdown page here instead of printing it.")] = None,
+) -> None:
+    """The support matrix as Markdown (agent-docs/models/index.md is this command's output)."""
+    from halo_core.matrix import render
+
+    page = render(discover(strict=False))
+    if write:
+        write.parent.mkdir(parents=True, exist_ok=True)
+        write.write_text(page)
+    else:
+        typer.echo(page, nl=False)
 
 
 @app.command("show")

@@ -10,6 +10,7 @@ import typer
 import halo_core
 from halo_cli import families
 from halo_cli.launch import launch
+from halo_cli import wheels
 from halo_core.errors import HaloError
 
 _typer_app = typer.Typer(
@@ -19,6 +20,7 @@ _typer_app = typer.Typer(
 )
 _typer_app.add_typer(families.app, name="families")
 _typer_app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(launch)
+_typer_app.command("build-wheels")(wheels.command)
 
 
 def _version(value: bool) -> None:

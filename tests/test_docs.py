@@ -14,3 +14,18 @@ def test_configuration_page_lists_exactly_halos_fields():
     table = page.split("<!-- halo-fields")[1].split("\n\n")[0]
     documented = re.findall(r"^\| `(\w+)` \|", table, flags=re.M)
     assert documented == [f.name for f in dataclasses.fields(HaloArguments)]
+
+
+def test_support_matrix_page_matches_the_registry():
+    from halo_core.matrix import render
+    from halo_core.registry import discover
+
+    committed = (ROOT / "agent-docs" / "models" / "index.md").read_text()
+    assert committed == render(discover(strict=False)), "run: halo families matrix --write agent-docs/models/index.md"
+
+
+def test_lines_of_code_skip_blanks_comments_and_docstrings():
+    from halo_core.matrix import lines_of_code
+
+    source = '"""Module doc\\nspanning lines."""\n\n# a comment\nimport os  # trailing\n\n\ndef f():\n    """Doc."""\n    return (1,\n            2)\n'
+    assert lines_of_code(source) == 4

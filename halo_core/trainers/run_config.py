@@ -159,12 +159,16 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     record = registry.family_record(model_type) if model_type else None
     asked = {s: getattr(dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1}
     if asked and model_type:
-        supported = registry.supported_splits(record, model_type) if record else frozenset()
+        if record is None:
+            raise ConfigError(
+                f"{run.source}: no installed family plugin claims model type {model_type!r}, so it trains with data "
+                f"parallelism (FSDP2) only, not {', '.join(f'{s}={n}' for s, n in sorted(asked.items()))}; set those sizes to 1"
+            )
+        supported = registry.supported_splits(record, model_type)
         missing = set(asked) - supported
         if missing:
-            owner = f"family {record.name!r}" if record else "no installed family plugin"
             raise ConfigError(
-                f"{run.source}: {owner} supports {sorted(supported) or 'data parallelism only'} for model type "
+                f"{run.source}: family {record.name!r} supports {sorted(supported) or 'data parallelism only'} for model type "
                 f"{model_type!r}, not {', '.join(f'{s}={asked[s]}' for s in sorted(missing))}; set those sizes to 1"
             )
     experts = next((getattr(model_config, f) for f in _EXPERT_COUNT_FIELDS if getattr(model_config, f, None)), None)
