@@ -75,24 +75,30 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
 
 
 def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The ``halo_ep`` experts implementation: same signature and result as transformers' own."""
+    """The ``halo_ep`` experts implementation: same signature and result as transformers' own.
+
+    Expert ids outside ``[0, num_experts)`` (a router's "skip" class, transformers' EP
+    sentinels) are sent nowhere and contribute nothing, as in transformers' implementations.
+    """
     shard: ExpertShard = self._halo_ep
     num_tokens, top_k = top_k_index.shape
     expert_ids = top_k_index.reshape(-1)
-    destination = torch.div(expert_ids, shard.count, rounding_mode="floor")
+    valid = (expert_ids >= 0) & (expert_ids < shard.num_experts)
+    nowhere = torch.full_like(expert_ids, shard.ep_size)
+    destination = torch.where(valid, torch.div(expert_ids, shard.count, rounding_mode="floor"), nowhere)
     order = torch.argsort(destination, stable=True)
-    send_counts = torch.bincount(destination, minlength=shard.ep_size).tolist()
-    tokens = hidden_states.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
-    local_ids = (expert_ids - destination * shard.count).index_select(0, order)
+    send_counts = torch.bincount(destination, minlength=shard.ep_size + 1)[: shard.ep_size].tolist()
+    sent = order[: sum(send_counts)]
+    tokens = hidden_states.index_select(0, torch.div(sent, top_k, rounding_mode="floor"))
+    local_ids = (expert_ids - destination * shard.count).index_select(0, sent)
 
     received, received_ids, handle = shard.dispatcher.dispatch(tokens, local_ids, send_counts)
     ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
     expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
     returned = shard.dispatcher.combine(expert_output, handle)
 
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    per_pair = returned.index_select(0, inverse).view(num_tokens, top_k, -1)
+    per_pair = returned.new_zeros((expert_ids.numel(), returned.shape[1])).index_copy(0, sent, returned)
+    per_pair = per_pair.view(num_tokens, top_k, -1)
     return (per_pair * top_k_weights.unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
 
 
