@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,15 @@ def build_wheels(out: Path, only: list[str] | None = None) -> list[Path]:
         sources = [s for s in sources if (s.name if s != root else "halo-core") in only]
     out.mkdir(parents=True, exist_ok=True)
     before = set(out.glob("*.whl"))
+    leftovers = {s: set(s.glob("*.egg-info")) | set(s.glob("build")) for s in sources}
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), *map(str, sources)]
-    if subprocess.call(command) != 0:
-        raise HaloError(f"building wheels failed: {' '.join(command)}")
+    try:
+        if subprocess.call(command) != 0:
+            raise HaloError(f"building wheels failed: {' '.join(command)}")
+    finally:  # setuptools builds in the source tree; its metadata there would shadow the installed one
+        for source, existing in leftovers.items():
+            for path in (set(source.glob("*.egg-info")) | set(source.glob("build"))) - existing:
+                shutil.rmtree(path, ignore_errors=True)
     return sorted(set(out.glob("*.whl")) - before) or sorted(out.glob("*.whl"))
 
 

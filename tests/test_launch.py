@@ -118,3 +118,25 @@ def test_bf16_trains_with_adamw_bf16_and_resumes_exactly(tmp_path):
     reference = weights(straight)
     for name, tensor in weights(interrupted).items():
         assert torch.equal(tensor, reference[name]), f"{name} differs after resuming a bf16 run"
+
+
+def test_two_nodes_through_the_rendezvous_flags(tmp_path):
+    """Two `halo launch` invocations as two one-process nodes meeting at a c10d rendezvous on localhost."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "nodes"
+    args = [*COMMON, "--per_device_train_batch_size=1", "--expert_parallel_size=2", f"--output_dir={out}"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "halo_cli", "launch", "sft", str(TINY), "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank),
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        )
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=600)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    assert (out / "model.safetensors").exists() and weights(out)
