@@ -62,18 +62,18 @@ def test_an_undeclared_split_is_refused_before_any_module_is_touched():
 
 
 def test_a_declared_split_without_its_engine_says_so(plugin_site):
-    plugin_site.add_family("halo-plugin-eager", "eager", ("olmoe",), splits=("ep", "etp", "cp", "tp"))
+    plugin_site.add_family("halo-plugin-eager", "eager", ("flex_olmo",), splits=("ep", "etp", "cp", "tp"))
     registry = discover(strict=False)
-    record = registry.family_record("olmoe")
+    record = registry.family_record("flex_olmo")
     for split in ("etp", "cp", "tp"):
-        context = ParallelContext(family=record.family, model_type="olmoe", model_config=None, **{split: 2})
+        context = ParallelContext(family=record.family, model_type="flex_olmo", model_config=None, **{split: 2})
         with pytest.raises(NotImplementedError, match=f"{split}=2 .* no {split} engine yet"):
-            adapt_model(tiny_model("olmoe", device="meta"), registry, record, context)
+            adapt_model(tiny_model("flex_olmo", device="meta"), registry, record, context)
 
 
 def test_a_hook_may_replace_the_module_it_is_given(plugin_site):
     plugin_site.add_family(
-        "halo-plugin-wrapping", "wrapping", ("olmoe",),
+        "halo-plugin-wrapping", "wrapping", ("flex_olmo",),
         extra="""
         import torch
 
@@ -91,12 +91,12 @@ def test_a_hook_may_replace_the_module_it_is_given(plugin_site):
         """,
     )
     registry = discover(strict=False)
-    record = registry.family_record("olmoe")
-    model = tiny_model("olmoe")
+    record = registry.family_record("flex_olmo")
+    model = tiny_model("flex_olmo")
     ids = torch.randint(0, model.config.vocab_size, (2, 5))
     with torch.no_grad():
         before = model(input_ids=ids).logits
-        context = ParallelContext(family=record.family, model_type="olmoe", model_config=model.config)
+        context = ParallelContext(family=record.family, model_type="flex_olmo", model_config=model.config)
         adapted = adapt_model(model, registry, record, context)
         after = adapted(input_ids=ids).logits
     assert type(adapted.model.layers[0].mlp).__name__ == "Tagged"

@@ -17,11 +17,11 @@ def test_bundled_families_are_found_through_their_entry_points():
 
 
 def test_a_newly_installed_distribution_is_discovered(plugin_site):
-    plugin_site.add_family("halo-plugin-toy", "toy", ("olmoe",))
+    plugin_site.add_family("halo-plugin-toy", "toy", ("toy_moe",))
     registry = discover(strict=False)
-    record = registry.family_record("olmoe")
+    record = registry.family_record("toy_moe")
     assert record.ok and record.name == "toy" and record.distribution == "halo-plugin-toy"
-    assert registry.supported_splits(record, "olmoe") == {"ep"}
+    assert registry.supported_splits(record, "toy_moe") == {"ep"}
 
 
 def test_unclaimed_model_type_resolves_to_the_plain_route():
@@ -49,11 +49,11 @@ def test_a_broken_plugin_is_listed_with_its_reason_and_others_keep_working(plugi
 
 
 def test_an_incompatible_plugin_api_is_broken(plugin_site):
-    plugin_site.add_family("halo-plugin-future", "future", ("olmoe",), api_version=99)
+    plugin_site.add_family("halo-plugin-future", "future", ("toy_moe",), api_version=99)
     registry = discover(strict=False)
     error = by_name(registry)["future"].as_json()["error"]
     assert "plugin API 99" in error and "speaks 1" in error
-    assert registry.family_record("olmoe") is None
+    assert registry.family_record("toy_moe") is None
 
 
 def test_strict_mode_from_the_environment(plugin_site, monkeypatch):
@@ -64,12 +64,12 @@ def test_strict_mode_from_the_environment(plugin_site, monkeypatch):
 
 
 def test_duplicate_claims_name_both_distributions_and_never_resolve(plugin_site):
-    plugin_site.add_family("halo-plugin-first", "first", ("mixtral", "olmoe"))
-    plugin_site.add_family("halo-plugin-second", "second", ("mixtral",))
+    plugin_site.add_family("halo-plugin-first", "first", ("toy_moe_b", "toy_moe"))
+    plugin_site.add_family("halo-plugin-second", "second", ("toy_moe_b",))
     registry = discover(strict=False)
     with pytest.raises(DuplicateClaimError) as info:
-        registry.family_record("mixtral")
-    assert "halo-plugin-first" in str(info.value) and "halo-plugin-second" in str(info.value) and "'mixtral'" in str(info.value)
+        registry.family_record("toy_moe_b")
+    assert "halo-plugin-first" in str(info.value) and "halo-plugin-second" in str(info.value) and "'toy_moe_b'" in str(info.value)
     records = by_name(registry)
     assert "also claimed by halo-plugin-second" in records["first"].as_json()["error"]
     assert "also claimed by halo-plugin-first" in records["second"].as_json()["error"]
@@ -77,16 +77,17 @@ def test_duplicate_claims_name_both_distributions_and_never_resolve(plugin_site)
 
 
 def test_disabled_plugins_are_skipped(plugin_site, monkeypatch):
-    plugin_site.add_family("halo-plugin-first", "first", ("mixtral",))
-    plugin_site.add_family("halo-plugin-second", "second", ("mixtral",))
+    plugin_site.add_family("halo-plugin-first", "first", ("toy_moe_b",))
+    plugin_site.add_family("halo-plugin-second", "second", ("toy_moe_b",))
     monkeypatch.setenv("HALO_DISABLE_PLUGINS", "second, gpt-oss")
     registry = discover(strict=False)
-    assert set(by_name(registry)) == {"first", "qwen3-moe"}
-    assert registry.family_record("mixtral").name == "first"
+    names = set(by_name(registry))
+    assert "first" in names and "qwen3-moe" in names and not names & {"second", "gpt-oss"}
+    assert registry.family_record("toy_moe_b").name == "first"
 
 
 def test_unknown_family_name_lists_the_known_ones():
-    with pytest.raises(UnknownFamilyError, match="known families: gpt-oss, qwen3-moe"):
+    with pytest.raises(UnknownFamilyError, match="known families: .*gpt-oss.*qwen3-moe"):
         discover(strict=False).by_name("nope")
 
 
@@ -96,10 +97,10 @@ def test_hooks_dispatch_only_to_the_plugin_claiming_the_model_type(plugin_site):
     def wrap_moe_block(module, context):
         return "answered by {}"
     """
-    plugin_site.add_family("halo-plugin-a", "a", ("mixtral",), extra=answer.format("a"))
-    plugin_site.add_family("halo-plugin-b", "b", ("olmoe",), extra=answer.format("b"))
+    plugin_site.add_family("halo-plugin-a", "a", ("toy_moe_b",), extra=answer.format("a"))
+    plugin_site.add_family("halo-plugin-b", "b", ("toy_moe",), extra=answer.format("b"))
     registry = discover(strict=False)
-    for model_type, expected in (("mixtral", "answered by a"), ("olmoe", "answered by b")):
+    for model_type, expected in (("toy_moe_b", "answered by a"), ("toy_moe", "answered by b")):
         record = registry.family_record(model_type)
         assert registry.hooks(record).wrap_moe_block(module=None, context=None) == expected
         assert registry.overridden_hooks(record) == ["halo_family", "wrap_moe_block"]

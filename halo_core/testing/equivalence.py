@@ -6,7 +6,9 @@ no tokens there), and computes the single-process reference itself: forward on e
 rank's batch, the mean of those losses, backward, clipping, one SGD step. Then it lays
 the model out, runs its own batch and compares logits, loss, auxiliary loss, gradient
 norm, and (rank 0) every gradient after clipping and every parameter after the step,
-each within 1e-5 relative.
+each within 1e-5 relative. A gradient's relative error is taken against the summed sizes
+of the per-rank terms it adds up (their condition), not against the sum alone: where the
+ranks' contributions nearly cancel, no float32 summation order does better than that.
 """
 
 from __future__ import annotations
@@ -79,9 +81,17 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     reference = copy.deepcopy(model)
     batches = rank_batches(world, model.config.vocab_size, seed)
 
-    expected = [reference(**batch) for batch in batches]
-    torch.stack([out.loss for out in expected]).mean().backward()
+    expected, magnitude = [], {n: torch.zeros_like(p) for n, p in reference.named_parameters()}
+    for batch in batches:  # one backward per rank's batch: the mean of their losses, and each term's size
+        out = reference(**batch)
+        expected.append(out)
+        before = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
+        (out.loss / world).backward()
+        for n, p in reference.named_parameters():
+            if p.grad is not None:
+                magnitude[n] += (p.grad - before[n]).abs()
     expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
+    scale = min(1.0, MAX_NORM / (expected_norm.item() + 1e-6))
     expected_grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
     torch.optim.SGD(reference.parameters(), lr=LR).step()
 
@@ -99,7 +109,9 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     state = full_state_dict(model)
     if rank == 0:
         for name, grad in expected_grads.items():
-            assert_close(grads[name], grad, f"{where}: gradient of {name} after clipping")
+            # A gradient is a sum over the ranks' batches; float32 can hold it to 1e-5 of the size of those
+            # terms (Higham's summation bound), which exceeds the sum's own size where the terms cancel.
+            assert_close(grads[name], grad, f"{where}: gradient of {name} after clipping", scale=magnitude[name] * scale)
         for name, tensor in reference.state_dict().items():
             assert name in state, f"{where}: {name} missing from full_state_dict"
             assert_close(state[name], tensor, f"{where}: {name} after one step")
