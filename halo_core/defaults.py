@@ -1,7 +1,7 @@
 """The core's own hook implementations: the common case every family gets unless it says otherwise.
 
 Registered last (``trylast``), so a family's implementation that returns non-``None`` wins.
-Until a split's engine exists (TP, CP, ETP today) its default accepts only degree 1 and
+Until a split's engine exists (TP and ETP today) its default accepts only degree 1 and
 says so, rather than silently training a wrong layout.
 """
 
@@ -38,7 +38,12 @@ def wrap_moe_block(module, context):
 
 @hookimpl(trylast=True)
 def wrap_attention(module, context):
-    _require_degree_one(context, ("cp",), "an attention module")
+    """Common case: context parallelism through the attention registry (Ulysses); the module is kept."""
+    if context.cp > 1:
+        from halo_core.parallel.context_parallel import shard_attention
+
+        config = getattr(module, "config", context.model_config)
+        shard_attention(module, config._attn_implementation, context.mesh.get_group("cp"), context.cp, context.local_rank("cp"))
     return module
 
 

@@ -81,7 +81,7 @@ def test_missing_required_fields_and_files(tmp_path):
     [
         ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
         (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide"),
-        (["--expert_parallel_size=1", "--context_parallel_size=2"], 2, "family 'qwen3-moe' supports ['ep'] for model type 'qwen3_moe', not cp=2"),
+        (["--expert_parallel_size=1", "--context_parallel_size=2"], 2, "method 'sft' cannot train with cp=2 yet (it supports ['ep'])"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
     ],
 )

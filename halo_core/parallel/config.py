@@ -66,16 +66,20 @@ class ParallelDims:
 
     @property
     def ep_replicas(self) -> int:
-        """How many data-parallel ranks hold the same block of experts."""
+        """How many data-parallel indices hold the same block of experts (times ``cp`` ranks each)."""
         return self.dp // (self.ep * self.etp)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """A rank's position on each axis. Ranks are laid out (dp, cp, tp) with tp fastest; EP groups are
-        consecutive data-parallel indices."""
+        """A rank's position on each axis: rank = ((ep_replica * cp + cp_rank) * ep + ep_rank) * tp + tp_rank.
+
+        EP groups are consecutive ranks; the ranks of one CP group share a data-parallel
+        index (``dp = ep_replica * ep + ep_rank``) and so one sample.
+        """
         tp = rank % self.tp
-        cp = (rank // self.tp) % self.cp
-        dp = rank // (self.tp * self.cp)
-        return {"dp": dp, "ep": dp % self.ep, "ep_replica": dp // (self.ep * self.etp), "etp": (dp // self.ep) % self.etp, "cp": cp, "tp": tp}
+        ep = (rank // self.tp) % self.ep
+        cp = (rank // (self.tp * self.ep)) % self.cp
+        replica = rank // (self.tp * self.ep * self.cp)
+        return {"dp": replica * self.ep + ep, "ep": ep, "ep_replica": replica, "etp": 0, "cp": cp, "tp": tp}
 
     def check_experts(self, num_experts: int, where: str) -> None:
         if num_experts % self.ep:

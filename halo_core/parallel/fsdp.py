@@ -17,8 +17,19 @@ from halo_core.parallel.config import ParallelDims
 
 
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The 1-D mesh of every data-parallel rank."""
-    return mesh["ep_replicate", "ep"]._flatten("dp")
+    """The 1-D mesh of every rank that holds a different part of the batch (data- and context-parallel)."""
+    return mesh["ep_replicate", "cp", "ep"]._flatten("dp_cp")
+
+
+def expert_replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The 1-D mesh of the ranks holding the same block of experts."""
+    return mesh["ep_replicate", "cp"]._flatten("ep_replicate_cp")
+
+
+def _sum_only(module) -> None:
+    # Every unit sums (no PREMUL_SUM, which gloo lacks); sync_gradients divides by the data-parallel size.
+    module.set_gradient_divide_factor(1.0)
+    module.set_force_sum_reduction_for_comms(True)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -27,12 +38,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module]) -> None:
+    replicas = expert_replica_mesh(mesh)
     for experts in expert_modules:
-        fully_shard(experts, mesh=mesh["ep_replicate"])
-        # Sum only (no PREMUL_SUM, which gloo lacks); sync_gradients divides by the data-parallel size.
-        experts.set_gradient_divide_factor(1.0)
-        experts.set_force_sum_reduction_for_comms(True)
+        fully_shard(experts, mesh=replicas)
+        _sum_only(experts)
     dp_mesh = data_parallel_mesh(mesh)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh)
+        _sum_only(layer)
     fully_shard(model, mesh=dp_mesh)
+    _sum_only(model)

@@ -1,13 +1,14 @@
 """Gradient averaging and global-norm clipping that reproduce a single process on the whole batch.
 
-With FSDP2 its backward hooks do the reductions (``fsdp``) and ``sync_gradients`` only divides
-the expert shards' sums; without it, the rule below is applied by all-reduce.
+With FSDP2 its backward hooks do the sums (``fsdp``) and ``sync_gradients`` only divides;
+without it, the sums are all-reduces.
 
 After backward, a replicated parameter holds its rank's gradient and an expert shard holds
 the sum over its EP group's ranks (the all-to-all's backward brings every source rank's
-contribution home). Averaging replicated gradients over all data-parallel ranks, and
-summing expert gradients over the replicas of the same experts then dividing by the
-data-parallel size, gives every parameter the gradient of the mean of the ranks' losses.
+contribution home). Context-parallel ranks hold parts of one sample whose losses add up.
+So: sum replicated gradients over every rank, sum expert gradients over the ranks holding
+the same experts, and divide both by the data-parallel size; every parameter then holds
+the gradient of the mean over data-parallel ranks of their samples' losses.
 """
 
 from __future__ import annotations
@@ -50,20 +51,16 @@ def sync_gradients(model: nn.Module) -> None:
     layout, expert, replicated = _split(model)
     if not layout.is_distributed:
         return
-    if layout.fsdp:
-        for param in expert:
-            if param.grad is not None:
-                param.grad.div_(layout.dims.dp)
-        return
+    if not layout.fsdp:
+        for param in expert + replicated:
+            if param.grad is None:  # every rank must join the collective, used or not
+                param.grad = torch.zeros_like(param)
+        _all_reduce_sum([p.grad for p in replicated], layout.group("dp"))
+        if layout.dims.ep_replicas * layout.dims.cp > 1:
+            _all_reduce_sum([p.grad for p in expert], layout.group("expert_replicas"))
     for param in expert + replicated:
-        if param.grad is None:  # every rank must join the collective, used or not
-            param.grad = torch.zeros_like(param)
-    dp = layout.dims.dp
-    _all_reduce_sum([p.grad for p in replicated], layout.group("dp"))
-    if layout.dims.ep_replicas > 1:
-        _all_reduce_sum([p.grad for p in expert], layout.group("ep_replicate"))
-    for param in expert + replicated:
-        param.grad.div_(dp)
+        if param.grad is not None:
+            param.grad.div_(layout.dims.dp)
 
 
 @torch.no_grad()

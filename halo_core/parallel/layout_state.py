@@ -23,11 +23,15 @@ class ModelLayout:
     fsdp: bool = False
 
     def group(self, dim: str):
-        """Process group of a mesh dimension; ``"dp"`` is every data-parallel rank."""
+        """Process group of a mesh dimension; ``"dp"`` is every rank, ``"expert_replicas"`` the ranks holding the same experts."""
         if self.mesh is None:
             return None
         if dim == "dp":
             return dist.group.WORLD
+        if dim == "expert_replicas":
+            from halo_core.parallel.fsdp import expert_replica_mesh
+
+            return expert_replica_mesh(self.mesh).get_group()
         return self.mesh.get_group(dim)
 
     @property

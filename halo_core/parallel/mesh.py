@@ -8,14 +8,18 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from halo_core.parallel.config import ParallelDims
 
 
-def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:
-    """Mesh with dims ``("ep_replicate", "ep")``: ranks ``[k*ep, (k+1)*ep)`` form the k-th EP group.
+MESH_DIMS = ("ep_replicate", "cp", "ep")
 
-    ``None`` in a single process. Only the EP split is laid out so far; TP, CP and ETP
-    dimensions join this same mesh as their engines land.
+
+def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:
+    """Mesh with dims ``("ep_replicate", "cp", "ep")``, ``ep`` fastest (see ``ParallelDims.coordinates``).
+
+    An EP group varies ``ep``; a CP group varies ``cp`` (the ranks sharing one sample);
+    the ranks holding the same experts vary ``ep_replicate`` and ``cp``. ``None`` in a
+    single process. TP and ETP dimensions join this mesh as their engines land.
     """
     if dims.world == 1:
         return None
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed must be initialised before parallelize() on more than one rank")
-    return init_device_mesh(device_type, (dims.ep_replicas, dims.ep), mesh_dim_names=("ep_replicate", "ep"))
+    return init_device_mesh(device_type, (dims.ep_replicas, dims.cp, dims.ep), mesh_dim_names=MESH_DIMS)

@@ -15,7 +15,7 @@ from halo_core.adapt import adapt_model, check_splits
 from halo_core.context import ParallelContext
 from halo_core.errors import LayoutError
 from halo_core.layout import find_moe_blocks
-from halo_core.parallel import expert_parallel
+from halo_core.parallel import context_parallel, expert_parallel
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.dispatch import get_dispatcher
 from halo_core.parallel.fsdp import apply_fsdp
@@ -58,6 +58,8 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     blocks = find_moe_blocks(model, record.family)
     for name, block in blocks:
         dims.check_experts(expert_parallel.count_experts(getattr(block, record.family.experts)), name)
+    if dims.cp > 1:
+        context_parallel.check_heads(model.config, dims.cp)
 
     mesh = build_mesh(dims, _device_type(model, device_type))
     dispatcher = dispatcher_class(mesh.get_group("ep")) if dispatcher_class else None
@@ -71,6 +73,10 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
         model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
     elif dims.ep > 1:
         raise LayoutError(f"ep={dims.ep} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
+    if any(context_parallel.uses_context_parallel(m) for m in model.modules()):
+        model.set_attn_implementation(context_parallel.IMPLEMENTATION)
+    elif dims.cp > 1:
+        raise LayoutError(f"cp={dims.cp} asked, but family {record.name!r} wrapped no attention module in {type(model).__name__}")
     return _finish(model, config, dims, mesh, expert_modules)
 
 

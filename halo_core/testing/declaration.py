@@ -22,8 +22,21 @@ from halo_core.testing.equivalence import run_layouts
 from halo_core.tiny import tiny_family_model
 
 
-#: Layouts per world size for each split with an engine; data parallelism fills the rest of the world.
-SPLIT_LAYOUTS = {"ep": {2: [ParallelConfig(ep=2)], 4: [ParallelConfig(ep=2), ParallelConfig(ep=4)]}}
+#: Layouts the kit checks, by world size; a family gets those whose splits it all declares.
+#: Data parallelism fills the rest of the world.
+KIT_LAYOUTS = {
+    2: [ParallelConfig(ep=2), ParallelConfig(cp=2)],
+    4: [ParallelConfig(ep=2), ParallelConfig(ep=4), ParallelConfig(ep=2, cp=2)],
+}
+
+
+def kit_layouts(supported: frozenset[str]) -> dict[int, list[ParallelConfig]]:
+    chosen = {}
+    for world, layouts in KIT_LAYOUTS.items():
+        mine = [c for c in layouts if {s for s in ("ep", "cp", "tp", "etp") if getattr(c, s) > 1} <= supported]
+        if mine:
+            chosen[world] = mine
+    return chosen
 
 
 def check_family(name: str, *, seed: int | None = None) -> None:
@@ -46,9 +59,8 @@ def check_family(name: str, *, seed: int | None = None) -> None:
         )
         assert find_attention(model, family), f"{model_type}: no module matches attention={family.attention}"
         _check_identity_at_degree_one(registry, record, model_type, model, seed)
-        for split in sorted(registry.supported_splits(record, model_type) & SPLIT_LAYOUTS.keys()):
-            for world, layouts in SPLIT_LAYOUTS[split].items():
-                run_layouts(name, model_type, world, layouts, seed)
+        for world, layouts in kit_layouts(registry.supported_splits(record, model_type)).items():
+            run_layouts(name, model_type, world, layouts, seed)
 
 
 def _check_identity_at_degree_one(registry, record, model_type, model, seed) -> None:

@@ -48,10 +48,10 @@ def _check_layouts(rank: int, world: int, family_name: str, model_type: str, lay
         dist.barrier()
 
 
-def uneven_model(record, model_type: str, ep: int, seed: int):
+def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = True):
     """The kit's tiny model: the first MoE block never routes to the last EP rank's experts."""
     family = record.family
-    kit = {"output_router_logits": True}
+    kit = {"output_router_logits": aux_loss}
     if top_k_key(model_type):
         kit[top_k_key(model_type)] = KIT_TOP_K
     model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed).train()  # the family's needs win
@@ -63,12 +63,13 @@ def uneven_model(record, model_type: str, ep: int, seed: int):
     return model
 
 
-def rank_batches(world: int, vocab_size: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    """One batch per data-parallel rank, of different sequence lengths, the same on every process."""
+def rank_batches(world: int, vocab_size: int, seed: int, multiple: int = 1) -> list[dict[str, torch.Tensor]]:
+    """One batch per data-parallel rank, of different sequence lengths (multiples of ``multiple``), the same on every process."""
     generator = torch.Generator().manual_seed(seed + 1)
     batches = []
     for rank in range(world):
-        ids = torch.randint(0, vocab_size, (BATCH, 5 + 2 * rank), generator=generator)
+        length = -(-(5 + 2 * rank) // multiple) * multiple
+        ids = torch.randint(0, vocab_size, (BATCH, length), generator=generator)
         batches.append({"input_ids": ids, "labels": ids.clone()})
     return batches
 
@@ -76,17 +77,22 @@ def rank_batches(world: int, vocab_size: int, seed: int) -> list[dict[str, torch
 def _check_layout(registry, record, model_type, config: ParallelConfig, rank: int, world: int, seed: int) -> None:
     from halo_core import clip_grad_norm_, full_gradients, full_state_dict, parallelize, sync_gradients
 
+    from halo_core.parallel.context_parallel import context_parallel_inputs
+
     where = f"{config} rank {rank}"
-    model = uneven_model(record, model_type, config.ep, seed)
+    dims = config.resolve(world)
+    coords = dims.coordinates(rank)
+    # The auxiliary loss is a nonlinear function of the tokens it sees: a sequence's chunks do not add up to it.
+    model = uneven_model(record, model_type, config.ep, seed, aux_loss=dims.cp == 1)
     reference = copy.deepcopy(model)
-    batches = rank_batches(world, model.config.vocab_size, seed)
+    batches = rank_batches(dims.dp, model.config.vocab_size, seed, multiple=dims.cp)
 
     expected, magnitude = [], {n: torch.zeros_like(p) for n, p in reference.named_parameters()}
     for batch in batches:  # one backward per rank's batch: the mean of their losses, and each term's size
         out = reference(**batch)
         expected.append(out)
         before = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
-        (out.loss / world).backward()
+        (out.loss / dims.dp).backward()
         for n, p in reference.named_parameters():
             if p.grad is not None:
                 magnitude[n] += (p.grad - before[n]).abs()
@@ -96,11 +102,21 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     torch.optim.SGD(reference.parameters(), lr=LR).step()
 
     model = parallelize(model, config, registry)
-    out = model(**batches[rank])
-    assert_close(out.logits, expected[rank].logits, f"{where}: logits")
-    assert_close(out.loss, expected[rank].loss, f"{where}: loss")
+    mine, theirs = batches[coords["dp"]], expected[coords["dp"]]
+    if dims.cp == 1:
+        out = model(**mine)
+        assert_close(out.logits, theirs.logits, f"{where}: logits")
+        assert_close(out.loss, theirs.loss, f"{where}: loss")
+    else:  # this rank's chunk of its data-parallel sample; the CP group's losses add up to the sample's
+        inputs = context_parallel_inputs(mine["input_ids"], coords["cp"], dims.cp)
+        out = model(**inputs)
+        chunk = slice(coords["cp"] * inputs["input_ids"].shape[1], (coords["cp"] + 1) * inputs["input_ids"].shape[1])
+        assert_close(out.logits, theirs.logits[:, chunk], f"{where}: logits of sequence chunk {coords['cp']}")
+        total = out.loss.detach().clone()
+        dist.all_reduce(total, group=model._halo_layout.group("cp"))
+        assert_close(total, theirs.loss, f"{where}: loss summed over the CP group")
     if getattr(out, "aux_loss", None) is not None:
-        assert_close(out.aux_loss, expected[rank].aux_loss, f"{where}: auxiliary loss")
+        assert_close(out.aux_loss, theirs.aux_loss, f"{where}: auxiliary loss")
     out.loss.backward()
     sync_gradients(model)
     assert_close(clip_grad_norm_(model, MAX_NORM), expected_norm, f"{where}: gradient norm")

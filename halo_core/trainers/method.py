@@ -17,6 +17,8 @@ class Method:
     #: The TRL/transformers config dataclass whose fields the run's YAML may set.
     config_class: type
     run: Callable
+    #: Splits the method's trainer can feed (context parallelism needs sequences split per rank).
+    splits: frozenset[str] = frozenset({"ep"})
 
 
 def known_methods() -> list[str]:

@@ -145,7 +145,7 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where)
 
 
-def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
+def check_layout(run: RunConfig, world_size: int, registry=None, method_splits: frozenset[str] = frozenset({"ep"})) -> dict:
     """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family."""
     from halo_core.registry import discover
 
@@ -153,6 +153,12 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
         dims = run.halo.parallel_config().resolve(world_size)
     except HaloError as exc:
         raise ConfigError(f"{run.source}: {exc} (set in expert_parallel_size / tensor_parallel_size / context_parallel_size / expert_tensor_parallel_size, or change --nproc)") from None
+    beyond_method = sorted(s for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1 and s not in method_splits)
+    if beyond_method:
+        raise ConfigError(
+            f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
+            f"(it supports {sorted(method_splits)}); set those sizes to 1"
+        )
     model_config = _model_config(run)
     model_type = getattr(model_config, "model_type", None)
     registry = registry or discover()

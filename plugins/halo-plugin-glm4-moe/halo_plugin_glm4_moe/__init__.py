@@ -21,7 +21,7 @@ def halo_family() -> Family:
         model_types=("glm4_moe", "glm4_moe_lite"),
         version=__version__,
         api_version=1,
-        splits=frozenset({"ep"}),
+        splits=frozenset({"ep", "cp"}),
         moe_block="model.layers.*.mlp",
         router="gate",
         experts="experts",

@@ -23,7 +23,7 @@ def halo_family() -> Family:
         model_types=("gpt_oss",),
         version=__version__,
         api_version=1,
-        splits=frozenset({"ep"}),
+        splits=frozenset({"ep", "cp"}),
         moe_block="model.layers.*.mlp",
         router="router",
         experts="experts",

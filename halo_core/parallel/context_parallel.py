@@ -1,0 +1,147 @@
+"""Context parallelism, Ulysses style, through transformers' attention-function registry.
+
+Each CP rank holds one contiguous chunk of every sequence. Inside attention an
+all-to-all trades the chunk of all heads for all of the sequence on ``heads / cp`` heads,
+the model's own attention implementation runs on the whole sequence, and a second
+all-to-all trades back. The attention module itself is not rewritten: the model's
+attention implementation is switched to ``halo_ulysses``, registered in
+``ALL_ATTENTION_FUNCTIONS``, which wraps the implementation the model had.
+
+Inputs: ``context_parallel_inputs`` gives a CP rank its chunk with global position ids and
+labels shifted before the split (no token loses its label at a chunk boundary), and the
+loss is normalised by the whole sequence's token count, so the CP ranks' losses add up to
+the sequence's. Padding masks and packed documents are not supported with CP yet.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from halo_core.errors import LayoutError
+
+IMPLEMENTATION = "halo_ulysses"
+
+
+@dataclass
+class ContextShard:
+    group: Any
+    size: int
+    rank: int
+    inner: Callable[..., Any]
+    needs_mask: bool
+
+
+class _LocalHeads:
+    """The attention module as this rank's heads see it: per-head parameters (GPT-OSS's sinks) sliced."""
+
+    def __init__(self, module: nn.Module, heads: slice) -> None:
+        object.__setattr__(self, "_module", module)
+        object.__setattr__(self, "_per_head", {n: p[heads] for n, p in module.named_parameters(recurse=False) if p.dim() == 1 and p.shape[0] == module.config.num_attention_heads})
+
+    def __getattr__(self, name: str):
+        return self._per_head[name] if name in self._per_head else getattr(self._module, name)
+
+
+def _exchange(x: torch.Tensor, group) -> torch.Tensor:
+    """All-to-all along dim 0 (split evenly over the group)."""
+    return all_to_all_single_autograd(x.contiguous(), None, None, group)
+
+
+def _gather_sequence(x: torch.Tensor, cp: int, group) -> torch.Tensor:
+    """[B, H, S/cp, D] on each rank -> [B, H/cp, S, D] (this rank's heads, the whole sequence)."""
+    b, h, s, d = x.shape
+    x = x.reshape(b, cp, h // cp, s, d).permute(1, 0, 2, 3, 4)
+    x = _exchange(x, group)  # dim 0 now indexes the sequence chunk (the source rank)
+    return x.permute(1, 2, 0, 3, 4).reshape(b, h // cp, cp * s, d)
+
+
+def _scatter_sequence(x: torch.Tensor, cp: int, group) -> torch.Tensor:
+    """[B, S, H/cp, D] (attention output layout) -> [B, S/cp, H, D] (this rank's chunk, all heads)."""
+    b, s, h, d = x.shape
+    x = x.reshape(b, cp, s // cp, h, d).permute(1, 0, 2, 3, 4)
+    x = _exchange(x, group)  # dim 0 now indexes the head chunk (the source rank)
+    return x.permute(1, 2, 0, 3, 4).reshape(b, s // cp, cp * h, d)
+
+
+def _causal_mask(module: nn.Module, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+    position = torch.arange(length, device=device)
+    allowed = position[None, :] <= position[:, None]
+    window = getattr(module, "sliding_window", None)
+    if window:
+        allowed &= position[:, None] - position[None, :] < window
+    mask = torch.zeros((length, length), dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def ulysses_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+    """The ``halo_ulysses`` attention implementation (same signature and result as transformers')."""
+    shard: ContextShard = module._halo_cp
+    q, k, v = (_gather_sequence(t, shard.size, shard.group) for t in (query, key, value))
+    mask = _causal_mask(module, q.shape[2], q.dtype, q.device) if shard.needs_mask or getattr(module, "sliding_window", None) else None
+    heads = slice(shard.rank * q.shape[1], (shard.rank + 1) * q.shape[1])
+    if "s_aux" in kwargs and kwargs["s_aux"] is not None:  # per-head sinks handed to non-eager implementations
+        kwargs["s_aux"] = kwargs["s_aux"][heads]
+    output, _ = shard.inner(_LocalHeads(module, heads), q, k, v, mask, **kwargs)
+    return _scatter_sequence(output, shard.size, shard.group), None
+
+
+ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, ulysses_attention)
+
+
+def _inner_attention(module: nn.Module, implementation: str):
+    if implementation == "eager":
+        eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+        if eager is None:
+            raise LayoutError(f"{type(module).__module__} has no eager_attention_forward for context parallelism to wrap")
+        return eager, True
+    if implementation == IMPLEMENTATION:
+        raise LayoutError("this attention module is already context-parallel; parallelize() a model only once")
+    return ALL_ATTENTION_FUNCTIONS[implementation], False
+
+
+def shard_attention(module: nn.Module, implementation: str, group, size: int, rank: int) -> None:
+    inner, needs_mask = _inner_attention(module, implementation)
+    module._halo_cp = ContextShard(group, size, rank, inner, needs_mask)
+
+
+def uses_context_parallel(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "_halo_cp", None), ContextShard)
+
+
+def check_heads(config, cp: int) -> None:
+    """Ulysses scatters heads: both head counts must divide by ``cp``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for field in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(text, field, None)
+        if heads and heads % cp:
+            raise LayoutError(f"{field}={heads} is not divisible by context parallel size cp={cp}; Ulysses attention scatters heads over the CP ranks, so choose cp among the divisors of both head counts")
+
+
+def context_parallel_inputs(input_ids: torch.Tensor, cp_rank: int, cp: int, labels: torch.Tensor | None = None, ignore_index: int = -100) -> dict:
+    """One CP rank's share of a batch: its sequence chunk, global positions, labels shifted before the split.
+
+    Pass the result to the model (``model(**inputs)``); the returned loss is this chunk's
+    part of the whole sequence's mean, so the CP ranks' losses sum to it.
+    """
+    batch, length = input_ids.shape
+    if length % cp:
+        raise LayoutError(f"sequence length {length} is not divisible by context parallel size cp={cp}; pad or pack to a multiple of {cp}")
+    labels = input_ids if labels is None else labels
+    shift_labels = torch.cat([labels[:, 1:], labels.new_full((batch, 1), ignore_index)], dim=1)
+    chunk = slice(cp_rank * length // cp, (cp_rank + 1) * length // cp)
+    positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+    mine = shift_labels[:, chunk].contiguous()
+    return {
+        "input_ids": input_ids[:, chunk].contiguous(),
+        "position_ids": positions[:, chunk].contiguous(),
+        "labels": mine,
+        "shift_labels": mine,
+        "num_items_in_batch": int((shift_labels != ignore_index).sum()),
+    }
