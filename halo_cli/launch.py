@@ -35,7 +35,7 @@ def launch(
     chosen = get_method(method)
     run = load_run_config(method, chosen.config_class, config, parse_overrides(list(ctx.args)))
     world = nproc * nnodes
-    layout = check_layout(run, world, method_splits=chosen.splits)
+    layout = check_layout(run, world)
     if dry_run:
         _print_plan(run, layout, world)
         return

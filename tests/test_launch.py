@@ -58,6 +58,16 @@ def test_expert_parallel_run_matches_the_single_process_run(single_process, tmp_
         assert_close(tensor, reference[name], f"{name} after 4 steps at ep=2")
 
 
+def test_context_parallel_run_matches_the_single_process_run(single_process, tmp_path):
+    out = tmp_path / "cp2"
+    launch(out, *COMMON, "--expert_parallel_size=1", "--context_parallel_size=2", "--per_device_train_batch_size=1",
+           "--save_strategy=steps", "--save_steps=4", nproc=2)
+    assert losses(out) == pytest.approx(losses(single_process), abs=1e-4)
+    reference = weights(single_process)
+    for name, tensor in weights(out).items():
+        assert_close(tensor, reference[name], f"{name} after 4 steps at cp=2")
+
+
 def test_single_process_run_matches_stock_trl(single_process, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer

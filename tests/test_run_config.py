@@ -81,7 +81,9 @@ def test_missing_required_fields_and_files(tmp_path):
     [
         ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
         (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide"),
-        (["--expert_parallel_size=1", "--context_parallel_size=2"], 2, "method 'sft' cannot train with cp=2 yet (it supports ['ep'])"),
+        (["--expert_parallel_size=1", "--tensor_parallel_size=2"], 2, "method 'sft' cannot train with tp=2 yet (it supports ['cp', 'ep'])"),
+        (["--expert_parallel_size=1", "--context_parallel_size=2", "--packing=true"], 2, "packing / padding-free batches are not supported with context_parallel_size > 1 yet"),
+        (["--expert_parallel_size=1", "--context_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
     ],
 )

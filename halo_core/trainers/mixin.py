@@ -15,6 +15,8 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.grads import clip_grad_norm_, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint
+from halo_core.parallel.layout_state import layout_of
+from halo_core.trainers.parts.context import split_for_context_parallel
 from halo_core.trainers.parts.layout import lay_out
 from halo_core.trainers.parts.optimizer import build_adamw_bf16, wants_adamw_bf16
 from halo_core.trainers.parts.throughput import ThroughputMeter
@@ -42,7 +44,23 @@ class DistributedTrainerMixin:
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
             sync_gradients(self.model)
-        return loss
+        # Logged as the mean over ranks: a CP group's ranks hold parts of one loss, so each reports cp times its part.
+        return loss * layout_of(self.model).dims.cp
+
+    # -- context parallelism -------------------------------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        cp = layout_of(self.model).dims.cp
+        if cp == 1:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        pad = getattr(self.processing_class, "pad_token_id", None) or 0
+        split = split_for_context_parallel(inputs, layout_of(self.model), pad)
+        result = super().compute_loss(model, split, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        # The trainer scaled the loss by the world size for gradients averaged over every rank; Halo sums a CP
+        # group's parts and averages over data-parallel ranks only (sync_gradients), so undo the extra factor cp.
+        if return_outputs:
+            return result[0] / cp, result[1]
+        return result / cp
 
     def _clip_grad_norm(self, model):
         return clip_grad_norm_(self.model, self.args.max_grad_norm)

@@ -145,10 +145,12 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where)
 
 
-def check_layout(run: RunConfig, world_size: int, registry=None, method_splits: frozenset[str] = frozenset({"ep"})) -> dict:
+def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family."""
     from halo_core.registry import discover
+    from halo_core.trainers.method import get_method
 
+    method_splits = get_method(run.method).splits
     try:
         dims = run.halo.parallel_config().resolve(world_size)
     except HaloError as exc:
@@ -159,6 +161,8 @@ def check_layout(run: RunConfig, world_size: int, registry=None, method_splits: 
             f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
             f"(it supports {sorted(method_splits)}); set those sizes to 1"
         )
+    if dims.cp > 1 and (run.trainer.get("packing") or run.trainer.get("padding_free")):
+        raise ConfigError(f"{run.source}: packing / padding-free batches are not supported with context_parallel_size > 1 yet; set packing: false")
     model_config = _model_config(run)
     model_type = getattr(model_config, "model_type", None)
     registry = registry or discover()
@@ -177,6 +181,13 @@ def check_layout(run: RunConfig, world_size: int, registry=None, method_splits: 
                 f"{run.source}: family {record.name!r} supports {sorted(supported) or 'data parallelism only'} for model type "
                 f"{model_type!r}, not {', '.join(f'{s}={asked[s]}' for s in sorted(missing))}; set those sizes to 1"
             )
+    if dims.cp > 1 and model_config is not None:
+        from halo_core.parallel.context_parallel import check_heads
+
+        try:
+            check_heads(model_config, dims.cp)
+        except HaloError as exc:
+            raise ConfigError(f"{run.source}: {exc}") from None
     experts = next((getattr(model_config, f) for f in _EXPERT_COUNT_FIELDS if getattr(model_config, f, None)), None)
     if experts and dims.ep > 1 and experts % dims.ep:
         raise ConfigError(f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide")
