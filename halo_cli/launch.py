@@ -15,6 +15,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
 from halo_core.trainers.run_config import RunConfig, check_layout, load_run_config, parse_overrides
 
@@ -32,6 +33,10 @@ def launch(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the resolved config, the layout and the families, then exit.")] = False,
 ) -> None:
     """Train with METHOD as CONFIG says; fields after `--` override the file (`-- --max_steps=10`)."""
+    if nnodes > 1 and not rdzv_endpoint:
+        raise ConfigError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node) so the nodes can meet")
+    if node_rank >= nnodes:
+        raise ConfigError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (nodes are numbered 0..{nnodes - 1})")
     chosen = get_method(method)
     run = load_run_config(method, chosen.config_class, config, parse_overrides(list(ctx.args)))
     world = nproc * nnodes

@@ -84,6 +84,7 @@ def test_missing_required_fields_and_files(tmp_path):
         (["--expert_parallel_size=1", "--tensor_parallel_size=2"], 2, "method 'sft' cannot train with tp=2 yet (it supports ['cp', 'ep'])"),
         (["--expert_parallel_size=1", "--context_parallel_size=2", "--packing=true"], 2, "packing / padding-free batches are not supported with context_parallel_size > 1 yet"),
         (["--expert_parallel_size=1", "--context_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
+        (["--ep_dispatcher=deepep"], 2, "ep_dispatcher 'deepep' is not installed; available: ['torch']"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
     ],
 )
@@ -105,6 +106,19 @@ def test_cli_refuses_before_starting_anything(tmp_path):
     assert not (tmp_path / "out").exists()
     unknown = run_halo("launch", "dpo-magic", str(TINY))
     assert unknown.returncode == 2 and "unknown method 'dpo-magic'; known methods: sft" in unknown.stderr
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "--node-rank 2 must be below --nnodes 2"),
+        (["--nproc", "0"], "Invalid value for '--nproc'"),
+    ],
+)
+def test_bad_launcher_flags(flags, message):
+    result = run_halo("launch", "sft", str(TINY), *flags, "--dry-run")
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
 def test_dry_run_prints_config_layout_and_family():

@@ -161,6 +161,13 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
             f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
             f"(it supports {sorted(method_splits)}); set those sizes to 1"
         )
+    if dims.ep > 1:
+        from halo_core.parallel.dispatch import available_dispatchers
+
+        if run.halo.ep_dispatcher not in available_dispatchers():
+            raise ConfigError(
+                f"{run.source}: ep_dispatcher {run.halo.ep_dispatcher!r} is not installed; available: {sorted(available_dispatchers())}"
+            )
     if dims.cp > 1 and (run.trainer.get("packing") or run.trainer.get("padding_free")):
         raise ConfigError(f"{run.source}: packing / padding-free batches are not supported with context_parallel_size > 1 yet; set packing: false")
     model_config = _model_config(run)
