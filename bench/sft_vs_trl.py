@@ -95,6 +95,13 @@ def run(variant: str, seq: int, steps: int, rate: float) -> dict:
     timer = step_timer()
     trainer_class = HaloSFTTrainer if variant.startswith("halo") else SFTTrainer
     extra = {"parallel_config": ParallelConfig()} if variant.startswith("halo") else {}
+    # Diagnostic variants that swap only the optimizer, to tell the optimizer's cost from the trainer's.
+    if variant.endswith("+torch-adamw"):
+        extra["optimizers"] = (torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True), None)
+    if variant.endswith("+adamw-bf16"):
+        from halo_core.optim import AdamWBF16
+
+        extra["optimizers"] = (AdamWBF16(model.parameters(), lr=1e-5), None)
     trainer = trainer_class(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TOKENIZER), callbacks=[timer], **extra)
     trainer.train()
     step = statistics.median(timer.times[5:])
