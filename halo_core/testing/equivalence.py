@@ -6,9 +6,10 @@ no tokens there), and computes the single-process reference itself: forward on e
 rank's batch, the mean of those losses, backward, clipping, one SGD step. Then it lays
 the model out, runs its own batch and compares logits, loss, auxiliary loss, gradient
 norm, and (rank 0) every gradient after clipping and every parameter after the step,
-each within 1e-5 relative. A gradient's relative error is taken against the summed sizes
-of the per-rank terms it adds up (their condition), not against the sum alone: where the
-ranks' contributions nearly cancel, no float32 summation order does better than that.
+each within 1e-5 relative. A gradient whose terms cancel (a norm's scale summed over all
+tokens, say) can be further than that from the truth in float32 whatever the order of
+summation: there the parallel gradient must be no more than 4 times as far from the
+float64 gradient as the single-process float32 one is.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from halo_core.layout import find_moe_blocks
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.expert_parallel import count_experts
 from halo_core.registry import discover
-from halo_core.testing.compare import assert_close
+from halo_core.testing.compare import RTOL, assert_close, relative_error
 from halo_core.testing.routing import starve_experts
 from halo_core.testing.spawn import spawn
 from halo_core.tiny import config_top_k, tiny_model, top_k_key
@@ -74,6 +75,29 @@ def rank_batches(world: int, vocab_size: int, seed: int, multiple: int = 1) -> l
     return batches
 
 
+def _float64_gradients(model, batches) -> dict[str, torch.Tensor]:
+    """The reference gradients computed in float64 (the truth both float32 runs approximate)."""
+    exact = copy.deepcopy(model).double()
+    exact.set_experts_implementation("eager")  # grouped_mm has no float64 kernel on the CPU
+    torch.stack([exact(**batch).loss for batch in batches]).mean().backward()
+    return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).float() for n, p in exact.named_parameters()}
+
+
+def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor, what: str) -> None:
+    """Within 1e-5 of the single-process float32 gradient; where that gradient is itself farther than 1e-5
+    from the float64 truth (sums whose terms cancel), no more than 4 times as far from the truth as it is."""
+    if relative_error(actual, expected) <= RTOL:
+        return
+    theirs = relative_error(expected, truth)
+    ours = relative_error(actual, truth)
+    if theirs > RTOL and ours <= 4 * theirs:
+        return
+    raise AssertionError(
+        f"{what}: relative error {relative_error(actual, expected):.3e} against one process "
+        f"({ours:.3e} against float64, where one process in float32 is at {theirs:.3e})"
+    )
+
+
 def _check_layout(registry, record, model_type, config: ParallelConfig, rank: int, world: int, seed: int) -> None:
     from halo_core import clip_grad_norm_, full_gradients, full_state_dict, parallelize, sync_gradients
 
@@ -87,15 +111,9 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     reference = copy.deepcopy(model)
     batches = rank_batches(dims.dp, model.config.vocab_size, seed, multiple=dims.cp)
 
-    expected, magnitude = [], {n: torch.zeros_like(p) for n, p in reference.named_parameters()}
-    for batch in batches:  # one backward per rank's batch: the mean of their losses, and each term's size
-        out = reference(**batch)
-        expected.append(out)
-        before = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
-        (out.loss / dims.dp).backward()
-        for n, p in reference.named_parameters():
-            if p.grad is not None:
-                magnitude[n] += (p.grad - before[n]).abs()
+    truth = _float64_gradients(model, batches) if rank == 0 else None
+    expected = [reference(**batch) for batch in batches]
+    torch.stack([out.loss for out in expected]).mean().backward()
     expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
     scale = min(1.0, MAX_NORM / (expected_norm.item() + 1e-6))
     expected_grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
@@ -125,9 +143,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     state = full_state_dict(model)
     if rank == 0:
         for name, grad in expected_grads.items():
-            # A gradient is a sum over the ranks' batches; float32 can hold it to 1e-5 of the size of those
-            # terms (Higham's summation bound), which exceeds the sum's own size where the terms cancel.
-            assert_close(grads[name], grad, f"{where}: gradient of {name} after clipping", scale=magnitude[name] * scale)
+            _check_gradient(grads[name], grad, truth[name] * scale, f"{where}: gradient of {name} after clipping")
         for name, tensor in reference.state_dict().items():
             assert name in state, f"{where}: {name} missing from full_state_dict"
             assert_close(state[name], tensor, f"{where}: {name} after one step")

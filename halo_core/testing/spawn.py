@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import traceback
 from pathlib import Path
@@ -14,12 +13,6 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> None:
     """Call ``fn(rank, world, *args)`` on every rank (``fn`` must be importable by name).
 
@@ -28,7 +21,7 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> Non
     """
     with tempfile.TemporaryDirectory() as errors:
         try:
-            mp.start_processes(_rank_main, args=(world, _free_port(), errors, fn, args), nprocs=world, join=True, start_method="spawn")
+            mp.start_processes(_rank_main, args=(world, errors, fn, args), nprocs=world, join=True, start_method="spawn")
         except ProcessException:
             raise AssertionError(f"{what or fn.__name__} at world {world}: {_root_cause(Path(errors))}") from None
 
@@ -39,14 +32,16 @@ def _root_cause(errors: Path) -> str:
     return causes[0] if causes else "a rank died without a Python exception (killed, or out of memory)"
 
 
-def _rank_main(rank: int, world: int, port: int, errors: str, fn: Callable[..., Any], args: tuple) -> None:
+def _rank_main(rank: int, world: int, errors: str, fn: Callable[..., Any], args: tuple) -> None:
     torch.set_num_threads(1)  # ranks share the machine's cores
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
+        # A file store needs no free port (a port picked in advance can be taken before the ranks bind it).
+        dist.init_process_group("gloo", init_method=f"file://{errors}/store", rank=rank, world_size=world)
         fn(rank, world, *args)
         dist.barrier()
     except BaseException:
         Path(errors, f"rank{rank:03d}.txt").write_text(traceback.format_exc())
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
