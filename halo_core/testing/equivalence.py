@@ -75,19 +75,28 @@ def rank_batches(world: int, vocab_size: int, seed: int, multiple: int = 1) -> l
     return batches
 
 
-def _float64_gradients(model, batches) -> dict[str, torch.Tensor]:
-    """The reference gradients computed in float64 (the truth both float32 runs approximate)."""
+def _float64_gradients(model, batches) -> dict[str, torch.Tensor] | None:
+    """The reference gradients computed in float64 (the truth both float32 runs approximate).
+
+    ``None`` where the model cannot run in float64 (a module that casts to float32 itself,
+    as Inkling's router does); gradients are then held to 1e-5 of single-process float32 plainly.
+    """
     exact = copy.deepcopy(model).double()
     exact.set_experts_implementation("eager")  # grouped_mm has no float64 kernel on the CPU
-    torch.stack([exact(**batch).loss for batch in batches]).mean().backward()
+    try:
+        torch.stack([exact(**batch).loss for batch in batches]).mean().backward()
+    except RuntimeError:
+        return None
     return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).float() for n, p in exact.named_parameters()}
 
 
-def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor, what: str) -> None:
+def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor | None, what: str) -> None:
     """Within 1e-5 of the single-process float32 gradient; where that gradient is itself farther than 1e-5
     from the float64 truth (sums whose terms cancel), no more than 4 times as far from the truth as it is."""
     if relative_error(actual, expected) <= RTOL:
         return
+    if truth is None:
+        assert_close(actual, expected, what)
     theirs = relative_error(expected, truth)
     ours = relative_error(actual, truth)
     if theirs > RTOL and ours <= 4 * theirs:
@@ -143,7 +152,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     state = full_state_dict(model)
     if rank == 0:
         for name, grad in expected_grads.items():
-            _check_gradient(grads[name], grad, truth[name] * scale, f"{where}: gradient of {name} after clipping")
+            _check_gradient(grads[name], grad, truth[name] * scale if truth else None, f"{where}: gradient of {name} after clipping")
         for name, tensor in reference.state_dict().items():
             assert name in state, f"{where}: {name} missing from full_state_dict"
             assert_close(state[name], tensor, f"{where}: {name} after one step")
