@@ -3,7 +3,6 @@
 import shutil
 
 import pytest
-import torch
 from transformers import AutoConfig
 
 from halo_core.testing.compare import assert_close

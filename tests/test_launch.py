@@ -1,7 +1,6 @@
 """`halo launch sft` end to end on the CPU: layouts give the same training as one process and as stock TRL."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

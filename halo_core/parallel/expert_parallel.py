@@ -11,7 +11,7 @@ sends the results back and combines them with the routing weights where they cam
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from torch import nn
