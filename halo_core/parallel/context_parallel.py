@@ -5,7 +5,9 @@ all-to-all trades the chunk of all heads for all of the sequence on ``heads / cp
 the model's own attention implementation runs on the whole sequence, and a second
 all-to-all trades back. The attention module itself is not rewritten: the model's
 attention implementation is switched to ``halo_ulysses``, registered in
-``ALL_ATTENTION_FUNCTIONS``, which wraps the implementation the model had.
+``ALL_ATTENTION_FUNCTIONS``, which wraps the implementation the model had. Under tensor
+parallelism the same wrapper (with ``cp`` possibly 1) hands the inner implementation this
+rank's part of per-head parameters such as GPT-OSS's sinks.
 
 Inputs: ``context_parallel_inputs`` gives a CP rank its chunk with global position ids and
 labels shifted before the split (no token loses its label at a chunk boundary), and the
@@ -22,9 +24,12 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.tensor import DTensor
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from halo_core.errors import LayoutError
+from halo_core.parallel.ring_attention import ring_attention
 
 IMPLEMENTATION = "halo_ulysses"
 
@@ -36,6 +41,12 @@ class ContextShard:
     rank: int
     inner: Callable[..., Any]
     needs_mask: bool
+    mode: str = "ulysses"
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This TP rank's heads of a per-head parameter (a DTensor split with the heads); a plain tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 class _LocalHeads:
@@ -43,7 +54,8 @@ class _LocalHeads:
 
     def __init__(self, module: nn.Module, heads: slice) -> None:
         object.__setattr__(self, "_module", module)
-        object.__setattr__(self, "_per_head", {n: p[heads] for n, p in module.named_parameters(recurse=False) if p.dim() == 1 and p.shape[0] == module.config.num_attention_heads})
+        per_head = {n: _local(p)[heads] for n, p in module.named_parameters(recurse=False) if p.dim() == 1 and p.shape[0] == module.config.num_attention_heads}
+        object.__setattr__(self, "_per_head", per_head)
 
     def __getattr__(self, name: str):
         return self._per_head[name] if name in self._per_head else getattr(self._module, name)
@@ -80,19 +92,41 @@ def _causal_mask(module: nn.Module, length: int, dtype: torch.dtype, device) -> 
     return mask[None, None]
 
 
+def _additive_mask(module: nn.Module, mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
+    """The float mask an eager implementation adds, from the boolean (or absent, meaning causal) mask
+    transformers builds for ``halo_ulysses`` (its SDPA mask function is registered for it)."""
+    if mask is None:
+        return _causal_mask(module, query.shape[2], query.dtype, query.device)
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
+    return mask
+
+
 def ulysses_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
     """The ``halo_ulysses`` attention implementation (same signature and result as transformers')."""
     shard: ContextShard = module._halo_cp
+    if kwargs.get("s_aux") is not None:  # per-head sinks handed to non-eager implementations
+        kwargs["s_aux"] = _local(kwargs["s_aux"])
+    if shard.mode == "ring" and shard.size > 1:
+        sinks = kwargs.pop("s_aux", None)
+        if sinks is None and "sinks" in _LocalHeads(module, slice(None))._per_head:
+            sinks = _LocalHeads(module, slice(None)).sinks
+        return ring_attention(module, query, key, value, shard, sinks, **kwargs)
+    if shard.size == 1:  # tensor parallelism alone: local heads, nothing to exchange
+        if shard.needs_mask:
+            attention_mask = _additive_mask(module, attention_mask, query)
+        return shard.inner(_LocalHeads(module, slice(None)), query, key, value, attention_mask, **kwargs)
     q, k, v = (_gather_sequence(t, shard.size, shard.group) for t in (query, key, value))
     mask = _causal_mask(module, q.shape[2], q.dtype, q.device) if shard.needs_mask or getattr(module, "sliding_window", None) else None
     heads = slice(shard.rank * q.shape[1], (shard.rank + 1) * q.shape[1])
-    if "s_aux" in kwargs and kwargs["s_aux"] is not None:  # per-head sinks handed to non-eager implementations
+    if kwargs.get("s_aux") is not None:
         kwargs["s_aux"] = kwargs["s_aux"][heads]
     output, _ = shard.inner(_LocalHeads(module, heads), q, k, v, mask, **kwargs)
     return _scatter_sequence(output, shard.size, shard.group), None
 
 
 ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, ulysses_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
 def _inner_attention(module: nn.Module, implementation: str):
@@ -106,9 +140,13 @@ def _inner_attention(module: nn.Module, implementation: str):
     return ALL_ATTENTION_FUNCTIONS[implementation], False
 
 
-def shard_attention(module: nn.Module, implementation: str, group, size: int, rank: int) -> None:
+def shard_attention(module: nn.Module, implementation: str, group, size: int, rank: int, mode: str = "ulysses") -> None:
     inner, needs_mask = _inner_attention(module, implementation)
-    module._halo_cp = ContextShard(group, size, rank, inner, needs_mask)
+    if mode == "ring":
+        others = [n for n in _LocalHeads(module, slice(None))._per_head if n != "sinks"]
+        if others:
+            raise LayoutError(f"{type(module).__name__} has per-head parameters {others} that ring attention does not know; use cp_attention='ulysses'")
+    module._halo_cp = ContextShard(group, size, rank, inner, needs_mask, mode)
 
 
 def uses_context_parallel(module: nn.Module) -> bool:
