@@ -28,6 +28,8 @@ class ParallelContext:
     mesh: Any = None
     #: The expert token dispatcher instance (``halo_core.parallel.dispatch``), when ``ep > 1``.
     ep_dispatcher: Any = None
+    #: ``"ulysses"`` or ``"ring"`` (``ParallelConfig.cp_attention``).
+    cp_attention: str = "ulysses"
 
     def local_rank(self, dim: str) -> int:
         """This rank's coordinate along a mesh dimension (0 in a single process)."""

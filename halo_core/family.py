@@ -54,6 +54,9 @@ class Family:
     tiny_config: Mapping[str, Any] = field(default_factory=dict)
     #: transformers class to build the model with, where ``AutoModelForCausalLM`` does not map the config.
     model_class: str | None = None
+    #: Tensor-parallel plan (module-name patterns -> ``"colwise"``/``"rowwise"``), where the config's
+    #: ``base_model_tp_plan`` is missing or wrong for this family; empty = use the config's.
+    tp_plan: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_types", _as_tuple(self.model_types))

@@ -29,7 +29,7 @@ def test_list_json_shows_the_bundled_families():
     for name, model_type in (("qwen3-moe", "qwen3_moe"), ("gpt-oss", "gpt_oss")):
         assert set(rows[name]) == JSON_KEYS
         assert rows[name]["model_types"] == [model_type] and rows[name]["status"] == "ok" and rows[name]["error"] is None
-        assert rows[name]["splits"] == ["cp", "ep"]
+        assert rows[name]["splits"] == ["cp", "ep", "etp", "tp"]
 
 
 def test_list_table_has_the_matrix_and_the_plain_route_footer():

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from halo_core.errors import LayoutError
 
 SPLIT_NAMES = ("ep", "etp", "tp", "cp")
+CP_ATTENTION = ("ulysses", "ring")
 
 
 def _divisors(n: int) -> list[int]:
@@ -27,6 +28,9 @@ class ParallelConfig:
     tp: int = 1
     cp: int = 1
     ep_dispatcher: str = "torch"
+    #: How a CP group computes attention: ``"ulysses"`` (heads scattered; head counts must divide by cp)
+    #: or ``"ring"`` (keys/values passed round the ring; any head count).
+    cp_attention: str = "ulysses"
     #: Shard parameters, gradients and optimizer state with FSDP2 over the data-parallel ranks;
     #: ``False`` keeps them replicated and ``sync_gradients`` all-reduces instead.
     fsdp: bool = True
@@ -48,6 +52,8 @@ class ParallelConfig:
                 f"ep*etp = {self.ep}*{self.etp} = {self.ep * self.etp} does not divide the data-parallel size {dp} "
                 f"(world {world_size} / (cp {self.cp} * tp {self.tp})); choose ep*etp among {_divisors(dp)}"
             )
+        if self.cp_attention not in CP_ATTENTION:
+            raise LayoutError(f"ParallelConfig.cp_attention={self.cp_attention!r} is unknown; choose one of {list(CP_ATTENTION)}")
         if not isinstance(self.fsdp, bool):
             raise LayoutError(f"ParallelConfig.fsdp={self.fsdp!r} must be true or false")
         return ParallelDims(world=world_size, dp=dp, ep=self.ep, etp=self.etp, tp=self.tp, cp=self.cp)
@@ -70,16 +76,19 @@ class ParallelDims:
         return self.dp // (self.ep * self.etp)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """A rank's position on each axis: rank = ((ep_replica * cp + cp_rank) * ep + ep_rank) * tp + tp_rank.
+        """A rank's position on each axis, ``tp`` fastest:
+        rank = (((ep_replica * cp + cp_rank) * ep + ep_rank) * etp + etp_rank) * tp + tp_rank.
 
-        EP groups are consecutive ranks; the ranks of one CP group share a data-parallel
-        index (``dp = ep_replica * ep + ep_rank``) and so one sample.
+        EP x ETP groups are consecutive data-parallel indices
+        (``dp = (ep_replica * ep + ep_rank) * etp + etp_rank``); the ranks of one CP or TP
+        group share a data-parallel index and so one sample.
         """
         tp = rank % self.tp
-        ep = (rank // self.tp) % self.ep
-        cp = (rank // (self.tp * self.ep)) % self.cp
-        replica = rank // (self.tp * self.ep * self.cp)
-        return {"dp": replica * self.ep + ep, "ep": ep, "ep_replica": replica, "etp": 0, "cp": cp, "tp": tp}
+        etp = (rank // self.tp) % self.etp
+        ep = (rank // (self.tp * self.etp)) % self.ep
+        cp = (rank // (self.tp * self.etp * self.ep)) % self.cp
+        replica = rank // (self.tp * self.etp * self.ep * self.cp)
+        return {"dp": (replica * self.ep + ep) * self.etp + etp, "ep": ep, "ep_replica": replica, "etp": etp, "cp": cp, "tp": tp}
 
     def check_experts(self, num_experts: int, where: str) -> None:
         if num_experts % self.ep:

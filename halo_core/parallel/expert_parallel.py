@@ -6,18 +6,21 @@ fused 3-D parameters. The model keeps its router; its experts forward is switche
 sends each (token, expert) pair to the rank owning the expert, runs the experts
 implementation the model was using (``grouped_mm`` by default) on the local block,
 sends the results back and combines them with the routing weights where they came from.
+With expert-tensor parallelism the same path runs on the tokens its ETP group gathered,
+on a slice of each expert's intermediate dimension (``expert_tensor_parallel``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from halo_core.errors import LayoutError
+from halo_core.parallel import expert_tensor_parallel as etp_engine
 from halo_core.parallel.dispatch import TokenDispatcher
 
 IMPLEMENTATION = "halo_ep"
@@ -33,6 +36,22 @@ class ExpertShard:
     ep_size: int
     dispatcher: TokenDispatcher
     inner: Callable[..., torch.Tensor]
+    etp_size: int = 1
+    etp_rank: int = 0
+    etp_group: Any = None
+    #: Parameter name -> how it is split over the ETP ranks; ``etp_whole`` ones every ETP rank holds whole.
+    etp_splits: dict = field(default_factory=dict)
+    etp_whole: tuple[str, ...] = ()
+
+
+class LocalDispatch:
+    """The dispatcher of a one-rank EP group (``etp`` without ``ep``): every pair stays here."""
+
+    def dispatch(self, tokens, expert_ids, send_counts):
+        return tokens, expert_ids, None
+
+    def combine(self, expert_output, handle):
+        return expert_output
 
 
 def expert_parameters(experts: nn.Module, num_experts: int) -> list[str]:
@@ -56,8 +75,9 @@ def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
     return ALL_EXPERTS_FUNCTIONS[name]
 
 
-def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher) -> None:
-    """Keep this rank's block of experts (in place) and attach what the ``halo_ep`` forward needs."""
+def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher | None, *, etp_rank: int = 0, etp_size: int = 1, etp_group=None) -> None:
+    """Keep this rank's block of experts (and, with ETP, its slice of their intermediate dimension) in place,
+    and attach what the ``halo_ep`` forward needs."""
     if not hasattr(type(experts).forward, "__wrapped__") or not hasattr(experts, "is_transposed"):
         raise LayoutError(
             f"{type(experts).__name__} does not use transformers' @use_experts_implementation, so the core "
@@ -67,20 +87,35 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
     count = num_experts // ep_size
     first = ep_rank * count
     inner = _inner_implementation(experts)
+    splits, whole = etp_engine.intermediate_splits(experts) if etp_size > 1 else ({}, [])
     for name in expert_parameters(experts, num_experts):
         full = getattr(experts, name)
-        setattr(experts, name, nn.Parameter(full.detach()[first : first + count].clone(), requires_grad=full.requires_grad))
+        local = full.detach()[first : first + count]
+        if name in splits:
+            local = etp_engine.take_slice(local, splits[name], etp_rank, etp_size)
+        setattr(experts, name, nn.Parameter(local.clone(), requires_grad=full.requires_grad))
     experts.num_experts = count
-    experts._halo_ep = ExpertShard(first, count, num_experts, ep_size, dispatcher, inner)
+    experts._halo_ep = ExpertShard(
+        first, count, num_experts, ep_size, dispatcher or LocalDispatch(), inner, etp_size, etp_rank, etp_group, splits, tuple(whole)
+    )
 
 
 def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-    """The ``halo_ep`` experts implementation: same signature and result as transformers' own.
-
-    Expert ids outside ``[0, num_experts)`` (a router's "skip" class, transformers' EP
-    sentinels) are sent nowhere and contribute nothing, as in transformers' implementations.
-    """
+    """The ``halo_ep`` experts implementation: same signature and result as transformers' own."""
     shard: ExpertShard = self._halo_ep
+    if shard.etp_size == 1:
+        return _dispatch_and_compute(self, shard, hidden_states, top_k_index, top_k_weights)
+    counts = etp_engine.row_counts(hidden_states.shape[0], shard.etp_group, hidden_states.device)
+    hidden = etp_engine.GatherRows.apply(hidden_states, counts, shard.etp_rank, shard.etp_group)
+    weights = etp_engine.GatherRows.apply(top_k_weights, counts, shard.etp_rank, shard.etp_group)
+    index = etp_engine.gather_rows(top_k_index, counts, shard.etp_group)
+    partial = _dispatch_and_compute(self, shard, hidden, index, weights)
+    return etp_engine.ReduceScatterRows.apply(partial, counts, shard.etp_rank, shard.etp_group)
+
+
+def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, top_k_index, top_k_weights) -> torch.Tensor:
+    """Expert ids outside ``[0, num_experts)`` (a router's "skip" class, transformers' EP
+    sentinels) are sent nowhere and contribute nothing, as in transformers' implementations."""
     num_tokens, top_k = top_k_index.shape
     expert_ids = top_k_index.reshape(-1)
     valid = (expert_ids >= 0) & (expert_ids < shard.num_experts)
@@ -95,6 +130,9 @@ def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_
     received, received_ids, handle = shard.dispatcher.dispatch(tokens, local_ids, send_counts)
     ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
     expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
+    if shard.etp_rank > 0:  # a whole down-projection bias counts once per ETP group: the first rank's
+        for name in shard.etp_whole:
+            expert_output = expert_output - getattr(self, name).index_select(0, received_ids).to(expert_output.dtype)
     returned = shard.dispatcher.combine(expert_output, handle)
 
     per_pair = returned.new_zeros((expert_ids.numel(), returned.shape[1])).index_copy(0, sent, returned)

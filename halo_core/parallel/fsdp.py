@@ -1,7 +1,8 @@
 """FSDP2 over what the other splits leave: the data-parallel ranks.
 
-Experts are sharded over the ranks that hold the same expert block (``ep_replicate``);
-everything else over all data-parallel ranks, one FSDP unit per decoder layer (the
+Experts are sharded over the ranks that hold the same expert block (``ep_replicate`` and
+``cp``); everything else over all data-parallel ranks (not over ``tp``: TP ranks hold the same
+data, and DTensor TP shards become the inner dimension of a 2-D layout), one FSDP unit per decoder layer (the
 model's own ``_no_split_modules``) plus the root. The expert units divide their reduced
 gradients by the data-parallel size rather than their own group's size, because each
 expert block's gradient already sums its EP group's tokens (see ``grads``).
@@ -14,11 +15,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from halo_core.parallel.config import ParallelDims
+from halo_core.parallel.mesh import DATA_DIMS
 
 
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The 1-D mesh of every rank that holds a different part of the batch (data- and context-parallel)."""
-    return mesh["ep_replicate", "cp", "ep"]._flatten("dp_cp")
+    """The 1-D mesh of every rank that holds a different part of the batch (data- and context-parallel);
+    TP ranks hold the same part and keep their own column/row shards (FSDP2 x TP on a 2-D layout)."""
+    return mesh[DATA_DIMS]._flatten("_".join(DATA_DIMS))
 
 
 def expert_replica_mesh(mesh: DeviceMesh) -> DeviceMesh:

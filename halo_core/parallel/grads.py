@@ -4,11 +4,14 @@ With FSDP2 its backward hooks do the sums (``fsdp``) and ``sync_gradients`` only
 without it, the sums are all-reduces.
 
 After backward, a replicated parameter holds its rank's gradient and an expert shard holds
-the sum over its EP group's ranks (the all-to-all's backward brings every source rank's
-contribution home). Context-parallel ranks hold parts of one sample whose losses add up.
-So: sum replicated gradients over every rank, sum expert gradients over the ranks holding
-the same experts, and divide both by the data-parallel size; every parameter then holds
-the gradient of the mean over data-parallel ranks of their samples' losses.
+the sum over its EP x ETP group's ranks (the all-to-all's and the ETP gather's backward
+bring every source rank's contribution home). Context-parallel ranks hold parts of one
+sample whose losses add up; tensor-parallel ranks hold the same sample and the same
+gradients (a TP shard's gradient is its part of the whole one). So: sum replicated
+gradients over the data-parallel ranks, expert gradients over the ranks holding the same
+experts (plus the ETP group for a bias every ETP rank holds whole), and divide all by the
+data-parallel size; every parameter then holds the gradient of the mean over
+data-parallel ranks of their samples' losses.
 """
 
 from __future__ import annotations
@@ -19,10 +22,17 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from halo_core.parallel.layout_state import layout_of
+from halo_core.parallel.layout_state import ModelLayout, layout_of
+from halo_core.parallel.mesh import MESH_DIMS
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2, TP) gradient; a plain tensor as it is."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def _all_reduce_sum(tensors: list[torch.Tensor], group) -> None:
+    tensors = [_local(t) for t in tensors]
     if not tensors:
         return
     flat = _flatten_dense_tensors(tensors)
@@ -31,34 +41,62 @@ def _all_reduce_sum(tensors: list[torch.Tensor], group) -> None:
         tensor.copy_(reduced)
 
 
-def _split(model: nn.Module):
-    layout = layout_of(model)
-    expert, replicated = [], []
+def _is_tp_shard(param: torch.Tensor) -> bool:
+    """A DTensor split over ``tp`` (a row-wise layer's bias is a DTensor too, but replicated there)."""
+    if not isinstance(param, DTensor):
+        return False
+    names = param.device_mesh.mesh_dim_names or ()
+    return "tp" in names and param.placements[names.index("tp")].is_shard()
+
+
+def _kinds(model: nn.Module, layout: ModelLayout):
+    """(name, parameter, kind) for trainable parameters; kind is ``expert``, ``expert_whole`` or ``dense``."""
     for name, param in model.named_parameters():
         if param.requires_grad:
-            (expert if name in layout.expert_params else replicated).append(param)
-    return layout, expert, replicated
+            kind = "expert_whole" if name in layout.etp_whole else "expert" if name in layout.expert_params else "dense"
+            yield name, param, kind
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP2 (DTensor) gradient; a plain tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+def _duplicated_over(kind: str, param: torch.Tensor, layout: ModelLayout) -> tuple[str, ...]:
+    """Mesh dimensions along which ranks hold the same elements of this parameter's local tensor."""
+    if kind == "dense":
+        split = {"tp"} if _is_tp_shard(param) else set()
+        if layout.fsdp:
+            split |= {"ep_replicate", "cp", "ep", "etp"}
+    else:
+        split = {"ep"} | ({"etp"} if kind == "expert" else set())
+        if layout.fsdp:
+            split |= {"ep_replicate", "cp"}
+    return tuple(d for d in MESH_DIMS if d not in split)
 
 
 @torch.no_grad()
 def sync_gradients(model: nn.Module) -> None:
     """Average gradients over data-parallel ranks; call after backward, before clipping and the optimizer step."""
-    layout, expert, replicated = _split(model)
+    layout = layout_of(model)
     if not layout.is_distributed:
         return
+    params = list(_kinds(model, layout))
+    if layout.tp_partial:  # parts computed from each TP rank's heads
+        partial = [p for name, p, _ in params if name in layout.tp_partial]
+        for param in partial:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        _all_reduce_sum([p.grad for p in partial], layout.group("tp"))
     if not layout.fsdp:
-        for param in expert + replicated:
+        for _, param, _ in params:
             if param.grad is None:  # every rank must join the collective, used or not
                 param.grad = torch.zeros_like(param)
-        _all_reduce_sum([p.grad for p in replicated], layout.group("dp"))
-        if layout.dims.ep_replicas * layout.dims.cp > 1:
-            _all_reduce_sum([p.grad for p in expert], layout.group("expert_replicas"))
-    for param in expert + replicated:
+        groups = {"dense": "dp", "expert": "expert_replicas", "expert_whole": "expert_whole"}
+        for kind, group in groups.items():
+            _all_reduce_sum([p.grad for _, p, k in params if k == kind], layout.group(group))
+    elif layout.etp_whole:  # FSDP2 summed over the expert replicas; the ETP group's parts remain
+        whole = [p for _, p, kind in params if kind == "expert_whole"]
+        for param in whole:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        _all_reduce_sum([p.grad for p in whole], layout.group("etp"))
+    for _, param, _ in params:
         if param.grad is not None:
             param.grad.div_(layout.dims.dp)
 
@@ -67,30 +105,32 @@ def sync_gradients(model: nn.Module) -> None:
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
     """Clip like ``torch.nn.utils.clip_grad_norm_`` on the whole model; return the global norm on every rank.
 
-    Replicated parameters count once, each expert shard once (summed over its EP group).
-    Under FSDP2 every element lives on exactly one rank, so the squares of the local
-    shards summed over the world give the whole model's.
+    Each element of the model counts once: a rank adds the squares of its local gradient
+    only where it is the first of the ranks holding the same elements (first along every
+    mesh dimension the parameter is replicated over), and the sum runs over the world.
     """
     if norm_type != 2.0:
         raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
-    layout, expert, replicated = _split(model)
-    grads_replicated = [_local(p.grad) for p in replicated if p.grad is not None]
-    grads_expert = [_local(p.grad) for p in expert if p.grad is not None]
-    device = (grads_replicated + grads_expert)[0].device if grads_replicated or grads_expert else torch.device("cpu")
-
-    def squares(grads):
-        return torch.stack([torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) ** 2 for g in grads]).sum() if grads else torch.zeros((), device=device)
-
-    if layout.fsdp:
-        total_squares = squares(grads_replicated + grads_expert)
+    layout = layout_of(model)
+    coords = layout.coordinates()
+    grads, owned = [], []
+    for _, param, kind in _kinds(model, layout):
+        if param.grad is None:
+            continue
+        grads.append(_local(param.grad))
+        if not layout.is_distributed or all(coords[_COORD[d]] == 0 for d in _duplicated_over(kind, param, layout)):
+            owned.append(grads[-1])
+    device = grads[0].device if grads else torch.device("cpu")
+    squares = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) ** 2 for g in owned]
+    total_squares = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    if layout.is_distributed:
         dist.all_reduce(total_squares)
-    else:
-        expert_squares = squares(grads_expert)
-        if layout.is_distributed and layout.dims.ep > 1:
-            dist.all_reduce(expert_squares, group=layout.group("ep"))
-        total_squares = squares(grads_replicated) + expert_squares
     total = torch.sqrt(total_squares)
     scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for grad in grads_replicated + grads_expert:
+    for grad in grads:
         grad.mul_(scale.to(grad.dtype))
     return total
+
+
+#: Mesh dimension -> the coordinate ``ParallelDims.coordinates`` reports for it.
+_COORD = {"ep_replicate": "ep_replica", "cp": "cp", "ep": "ep", "etp": "etp", "tp": "tp"}

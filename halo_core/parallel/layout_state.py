@@ -21,18 +21,27 @@ class ModelLayout:
     expert_params: frozenset[str]
     #: Whether FSDP2 shards the parameters (then gradients are reduced by its backward hooks).
     fsdp: bool = False
+    #: Expert parameters every ETP rank holds whole, each with part of the gradient (a down-projection bias).
+    etp_whole: frozenset[str] = frozenset()
+    #: Parameters kept whole under TP whose gradient each TP rank holds a part of (Qwen3's q/k norms).
+    tp_partial: frozenset[str] = frozenset()
 
     def group(self, dim: str):
-        """Process group of a mesh dimension; ``"dp"`` is every rank, ``"expert_replicas"`` the ranks holding the same experts."""
+        """Process group of a mesh dimension, or of a named set of them:
+
+        ``"dp"``: the ranks holding different data (all but ``tp``); ``"expert_replicas"``: the
+        ranks holding the same experts; ``"sample"``: the ranks sharing one sample (``cp`` x ``tp``).
+        """
         if self.mesh is None:
             return None
-        if dim == "dp":
-            return dist.group.WORLD
-        if dim == "expert_replicas":
-            from halo_core.parallel.fsdp import expert_replica_mesh
+        from halo_core.parallel.mesh import DATA_DIMS, flat_group
 
-            return expert_replica_mesh(self.mesh).get_group()
-        return self.mesh.get_group(dim)
+        named = {"dp": DATA_DIMS, "expert_replicas": ("ep_replicate", "cp"), "sample": ("cp", "tp"), "expert_whole": ("ep_replicate", "cp", "etp")}
+        return flat_group(self.mesh, named[dim]) if dim in named else self.mesh.get_group(dim)
+
+    def coordinates(self) -> dict[str, int]:
+        """This rank's position on each axis (all zero in a single process)."""
+        return self.dims.coordinates(dist.get_rank() if self.is_distributed else 0)
 
     @property
     def is_distributed(self) -> bool:

@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from halo_core.errors import HaloError
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.expert_parallel import ExpertShard
+from halo_core.parallel.expert_tensor_parallel import take_slice
 from halo_core.parallel.layout_state import layout_of
 from halo_core.parallel.parallelize import parallelize
 
@@ -116,15 +117,30 @@ def _expert_owner(model: nn.Module, name: str) -> ExpertShard | None:
     return getattr(model.get_submodule(module_name), "_halo_ep", None)
 
 
+def model_class_for(hf_config, registry=None):
+    """The class to build a model of this config with: the family's ``model_class`` where it names one."""
+    import transformers
+
+    from halo_core.registry import discover
+
+    record = (registry or discover()).family_record(hf_config.model_type)
+    name = record.family.model_class if record is not None and record.ok else None
+    return getattr(transformers, name) if name else transformers.AutoModelForCausalLM
+
+
 @torch.no_grad()
-def from_pretrained(path: str | Path, config: ParallelConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", registry=None):
+def from_pretrained(
+    path: str | Path, config: ParallelConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    registry=None, experts_implementation: str | None = None,
+):
     """Load ``path`` into the layout ``config`` describes, reading only this rank's experts; call on every rank."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
+    extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+        model = model_class_for(hf_config, registry).from_config(hf_config, dtype=dtype, **extra)
     model = parallelize(model, config, registry, device_type=torch.device(device).type)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     model.to_empty(device=device)
@@ -151,6 +167,9 @@ def load_into(model: nn.Module, path: str | Path) -> ReadLog:
         if name in expert_names:
             shard = _expert_owner(model, name)
             full = _read_expert_block(checkpoint, model_type, name, (shard.first, shard.first + shard.count))
+            split = shard.etp_splits.get(name.rsplit(".", 1)[1])
+            if split is not None:
+                full = take_slice(full, split, shard.etp_rank, shard.etp_size)
         elif name in checkpoint:
             full = checkpoint.read(name)
         elif name in tied:

@@ -8,18 +8,27 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from halo_core.parallel.config import ParallelDims
 
 
-MESH_DIMS = ("ep_replicate", "cp", "ep")
+MESH_DIMS = ("ep_replicate", "cp", "ep", "etp", "tp")
+#: The dimensions whose ranks hold different samples (or, for ``cp``, different parts of one).
+DATA_DIMS = ("ep_replicate", "cp", "ep", "etp")
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:
-    """Mesh with dims ``("ep_replicate", "cp", "ep")``, ``ep`` fastest (see ``ParallelDims.coordinates``).
+    """Mesh with dims ``MESH_DIMS``, ``tp`` fastest (see ``ParallelDims.coordinates``).
 
-    An EP group varies ``ep``; a CP group varies ``cp`` (the ranks sharing one sample);
-    the ranks holding the same experts vary ``ep_replicate`` and ``cp``. ``None`` in a
-    single process. TP and ETP dimensions join this mesh as their engines land.
+    An EP group varies ``ep``, an ETP group ``etp`` (the two together share the experts),
+    a CP group ``cp`` (the ranks sharing one sample's sequence), a TP group ``tp`` (the
+    ranks sharing one sample's heads and MLP columns). ``None`` in a single process.
     """
     if dims.world == 1:
         return None
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed must be initialised before parallelize() on more than one rank")
-    return init_device_mesh(device_type, (dims.ep_replicas, dims.cp, dims.ep), mesh_dim_names=MESH_DIMS)
+    shape = (dims.ep_replicas, dims.cp, dims.ep, dims.etp, dims.tp)
+    return init_device_mesh(device_type, shape, mesh_dim_names=MESH_DIMS)
+
+
+def flat_group(mesh: DeviceMesh, names: tuple[str, ...]):
+    """Process group of the ranks that differ only along ``names`` (flattened sub-mesh)."""
+    sub = mesh[names] if len(names) > 1 else mesh[names[0]]
+    return (sub._flatten("_".join(names)) if len(names) > 1 else sub).get_group()

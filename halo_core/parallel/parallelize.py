@@ -1,9 +1,10 @@
 """``parallelize(model, config)``: the recipe that lays an unmodified transformers model out on the ranks.
 
 Steps, in order: resolve and validate the degrees; find the family; check the model's
-experts against ``ep``; build the mesh; run the family's hooks (MoE blocks, attention,
-TP); switch the experts to the ``halo_ep`` implementation; FSDP2 over the data-parallel
-ranks; record the layout. Every check that can fail runs before any weight moves.
+experts against ``ep`` and ``etp``, its heads against ``tp`` and ``cp``, its TP plan; build
+the mesh; run the family's hooks (MoE blocks, attention, TP); switch the experts to the
+``halo_ep`` implementation and attention to the ``halo_ulysses`` wrapper; FSDP2 over the
+data-parallel ranks; record the layout. Every check that can fail runs before any weight moves.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from halo_core.adapt import adapt_model, check_splits
 from halo_core.context import ParallelContext
 from halo_core.errors import LayoutError
 from halo_core.layout import find_moe_blocks
-from halo_core.parallel import context_parallel, expert_parallel
+from halo_core.parallel import context_parallel, expert_parallel, expert_tensor_parallel, tensor_parallel
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.dispatch import get_dispatcher
 from halo_core.parallel.fsdp import apply_fsdp
@@ -57,35 +58,45 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     dispatcher_class = get_dispatcher(config.ep_dispatcher) if dims.ep > 1 else None
     blocks = find_moe_blocks(model, record.family)
     for name, block in blocks:
-        dims.check_experts(expert_parallel.count_experts(getattr(block, record.family.experts)), name)
-    if dims.cp > 1:
-        context_parallel.check_heads(model.config, dims.cp)
+        experts = getattr(block, record.family.experts)
+        dims.check_experts(expert_parallel.count_experts(experts), name)
+        if dims.etp > 1:
+            expert_tensor_parallel.check_divisible(experts, dims.etp, f"{name}.{record.family.experts}")
+    heads_cp = dims.cp if config.cp_attention == "ulysses" else 1  # Ulysses scatters heads, ring keeps them
+    if dims.tp > 1:
+        tensor_parallel.check_heads(model.config, dims.tp, heads_cp)
+        tensor_parallel.resolve_plan(model, record.family)
+    elif heads_cp > 1:
+        context_parallel.check_heads(model.config, heads_cp)
 
     mesh = build_mesh(dims, _device_type(model, device_type))
     dispatcher = dispatcher_class(mesh.get_group("ep")) if dispatcher_class else None
     context = ParallelContext(
-        family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher, **wanted
+        family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher,
+        cp_attention=config.cp_attention, **wanted
     )
     model = adapt_model(model, registry, record, context)
 
     expert_modules = [(n, m) for n, m in model.named_modules() if expert_parallel.uses_expert_parallel(m)]
     if expert_modules:
         model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
-    elif dims.ep > 1:
-        raise LayoutError(f"ep={dims.ep} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
+    elif dims.ep * dims.etp > 1:
+        raise LayoutError(f"ep={dims.ep}, etp={dims.etp} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
     if any(context_parallel.uses_context_parallel(m) for m in model.modules()):
         model.set_attn_implementation(context_parallel.IMPLEMENTATION)
-    elif dims.cp > 1:
-        raise LayoutError(f"cp={dims.cp} asked, but family {record.name!r} wrapped no attention module in {type(model).__name__}")
-    return _finish(model, config, dims, mesh, expert_modules)
+    elif dims.cp * dims.tp > 1:
+        raise LayoutError(f"cp={dims.cp}, tp={dims.tp} asked, but family {record.name!r} wrapped no attention module in {type(model).__name__}")
+    return _finish(model, config, dims, mesh, expert_modules, record.family)
 
 
-def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules: list[tuple[str, nn.Module]]) -> nn.Module:
+def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules: list[tuple[str, nn.Module]], family=None) -> nn.Module:
     expert_params = frozenset(
         f"{name}.{p}" for name, module in expert_modules for p in expert_parallel.expert_parameters(module, module._halo_ep.count)
     )
+    etp_whole = frozenset(f"{name}.{p}" for name, module in expert_modules if module._halo_ep.etp_size > 1 for p in module._halo_ep.etp_whole)
+    tp_partial = tensor_parallel.partial_gradient_parameters(model, family) if dims.tp > 1 else frozenset()
     use_fsdp = config.fsdp and mesh is not None
     if use_fsdp:
         apply_fsdp(model, dims, mesh, [m for _, m in expert_modules])
-    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp))
+    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial))
     return model

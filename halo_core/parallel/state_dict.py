@@ -9,7 +9,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from halo_core.parallel.expert_tensor_parallel import join_slices
 from halo_core.parallel.layout_state import layout_of
+
+
+def _all_gather(tensor: torch.Tensor, size: int, group) -> list[torch.Tensor]:
+    pieces = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(pieces, tensor.contiguous(), group=group)
+    return pieces
 
 
 @torch.no_grad()
@@ -20,17 +27,19 @@ def _gather_on_rank0(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]
     for name, tensor in named:
         if isinstance(tensor, DTensor):
             tensor = tensor.full_tensor()
-        if layout.is_distributed and name in layout.expert_params and layout.dims.ep > 1:
-            pieces = [torch.empty_like(tensor) for _ in range(layout.dims.ep)]
-            dist.all_gather(pieces, tensor.contiguous(), group=layout.group("ep"))
-            tensor = torch.cat(pieces, dim=0)
+        if layout.is_distributed and name in layout.expert_params:
+            if layout.dims.etp > 1 and name not in layout.etp_whole:
+                split = model.get_submodule(name.rsplit(".", 1)[0])._halo_ep.etp_splits[name.rsplit(".", 1)[1]]
+                tensor = join_slices(_all_gather(tensor, layout.dims.etp, layout.group("etp")), split)
+            if layout.dims.ep > 1:
+                tensor = torch.cat(_all_gather(tensor, layout.dims.ep, layout.group("ep")), dim=0)
         if rank == 0:
             full[name] = tensor.detach().clone()
     return full
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Expert shards gathered from their EP group; rank 0 gets everything, other ranks an empty dict.
+    """Expert shards gathered from their EP (and ETP) group; rank 0 gets everything, other ranks an empty dict.
 
     Every rank must call it (it runs collectives).
     """

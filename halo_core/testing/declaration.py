@@ -3,8 +3,8 @@
 First what a plugin can get wrong at degree 1: it is discovered through its entry point
 with status ok, its declared paths match every claimed model type's real module tree
 (MoE blocks with router and experts, attention), and running its hooks leaves the
-logits unchanged. Then each declared split with an engine (EP today) against the
-single-process reference in spawned gloo processes (``equivalence``).
+logits unchanged. Then every kit layout of the declared splits against the single-process
+reference in spawned gloo processes (``equivalence``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,15 @@ from halo_core.tiny import tiny_family_model
 
 
 #: Layouts the kit checks, by world size; a family gets those whose splits it all declares.
-#: Data parallelism fills the rest of the world.
+#: Data parallelism fills the rest of the world, so a degree-2 split at world 4 also runs
+#: beside a second data-parallel replica (a superset of the same split at world 2, which
+#: ``halo launch`` tests cover); one spawn per model type keeps the kit fast.
 KIT_LAYOUTS = {
-    2: [ParallelConfig(ep=2), ParallelConfig(cp=2)],
-    4: [ParallelConfig(ep=2), ParallelConfig(ep=4), ParallelConfig(ep=2, cp=2)],
+    4: [
+        ParallelConfig(ep=2), ParallelConfig(ep=4), ParallelConfig(cp=2), ParallelConfig(tp=2), ParallelConfig(etp=2),
+        ParallelConfig(ep=2, cp=2), ParallelConfig(ep=2, tp=2), ParallelConfig(ep=2, etp=2), ParallelConfig(cp=2, tp=2),
+        ParallelConfig(cp=4, cp_attention="ring"), ParallelConfig(ep=2, cp=2, cp_attention="ring"),
+    ],
 }
 
 

@@ -9,7 +9,9 @@ norm, and (rank 0) every gradient after clipping and every parameter after the s
 each within 1e-5 relative. A gradient whose terms cancel (a norm's scale summed over all
 tokens, say) can be further than that from the truth in float32 whatever the order of
 summation: there the parallel gradient must be no more than 4 times as far from the
-float64 gradient as the single-process float32 one is.
+float64 gradient as the single-process float32 one is. After the step every rank runs its
+batch again: its logits must match the stepped reference's, so a copy of a parameter that
+one rank alone updated wrongly cannot hide behind rank 0's state dict.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from halo_core.registry import discover
 from halo_core.testing.compare import RTOL, assert_close, relative_error
 from halo_core.testing.routing import starve_experts
 from halo_core.testing.spawn import spawn
-from halo_core.tiny import config_top_k, tiny_model, top_k_key
+from halo_core.tiny import config_top_k, tiny_config, tiny_model, top_k_key
 
 #: Three of eight experts per token, so top-k exceeds the two experts each rank holds at ep=4.
 KIT_TOP_K = 3
@@ -49,12 +51,20 @@ def _check_layouts(rank: int, world: int, family_name: str, model_type: str, lay
         dist.barrier()
 
 
-def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = True):
-    """The kit's tiny model: the first MoE block never routes to the last EP rank's experts."""
+def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = True, head_split: int = 1):
+    """The kit's tiny model: the first MoE block never routes to the last EP rank's experts.
+
+    ``head_split`` (tp x cp) must divide the key/value heads: where the tiny config's do
+    not, it gets as many key/value heads as query heads.
+    """
     family = record.family
     kit = {"output_router_logits": aux_loss}
     if top_k_key(model_type):
         kit[top_k_key(model_type)] = KIT_TOP_K
+    if head_split > 1:
+        text = tiny_config(model_type, dict(family.tiny_config)).get_text_config()
+        if getattr(text, "num_key_value_heads", None) and text.num_key_value_heads % head_split:
+            kit["num_key_value_heads"] = text.num_attention_heads
     model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed).train()  # the family's needs win
     top_k = config_top_k(model.config)
     _, block = find_moe_blocks(model, family)[0]
@@ -117,7 +127,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     dims = config.resolve(world)
     coords = dims.coordinates(rank)
     # The auxiliary loss is a nonlinear function of the tokens it sees: a sequence's chunks do not add up to it.
-    model = uneven_model(record, model_type, config.ep, seed, aux_loss=dims.cp == 1)
+    model = uneven_model(record, model_type, config.ep, seed, aux_loss=dims.cp == 1, head_split=dims.tp * (dims.cp if config.cp_attention == "ulysses" else 1))
     reference = copy.deepcopy(model)
     batches = rank_batches(dims.dp, model.config.vocab_size, seed, multiple=dims.cp)
 
@@ -131,15 +141,14 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
 
     model = parallelize(model, config, registry)
     mine, theirs = batches[coords["dp"]], expected[coords["dp"]]
+    # CP: this rank's chunk of its data-parallel sample; the CP group's losses add up to the sample's
+    inputs = context_parallel_inputs(mine["input_ids"], coords["cp"], dims.cp) if dims.cp > 1 else mine
+    chunk = slice(coords["cp"] * inputs["input_ids"].shape[1], (coords["cp"] + 1) * inputs["input_ids"].shape[1])
+    out = model(**inputs)
+    assert_close(out.logits, theirs.logits[:, chunk], f"{where}: logits of sequence chunk {coords['cp']} of {dims.cp}")
     if dims.cp == 1:
-        out = model(**mine)
-        assert_close(out.logits, theirs.logits, f"{where}: logits")
         assert_close(out.loss, theirs.loss, f"{where}: loss")
-    else:  # this rank's chunk of its data-parallel sample; the CP group's losses add up to the sample's
-        inputs = context_parallel_inputs(mine["input_ids"], coords["cp"], dims.cp)
-        out = model(**inputs)
-        chunk = slice(coords["cp"] * inputs["input_ids"].shape[1], (coords["cp"] + 1) * inputs["input_ids"].shape[1])
-        assert_close(out.logits, theirs.logits[:, chunk], f"{where}: logits of sequence chunk {coords['cp']}")
+    else:
         total = out.loss.detach().clone()
         dist.all_reduce(total, group=model._halo_layout.group("cp"))
         assert_close(total, theirs.loss, f"{where}: loss summed over the CP group")
@@ -150,6 +159,8 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     assert_close(clip_grad_norm_(model, MAX_NORM), expected_norm, f"{where}: gradient norm")
     grads = full_gradients(model)
     torch.optim.SGD(model.parameters(), lr=LR).step()
+    with torch.no_grad():  # every rank's copies (TP-replicated, ETP-whole) must have taken the same step
+        assert_close(model(**inputs).logits, reference(**mine).logits[:, chunk], f"{where}: logits after one step")
     state = full_state_dict(model)
     if rank == 0:
         for name, grad in expected_grads.items():

@@ -6,7 +6,9 @@
   only the experts.
 - Shared experts: ``mlp.shared_experts``, a dense MLP every rank keeps whole.
 - The first ``first_k_dense_replace`` layers hold a dense MLP at the same path: not MoE blocks.
-- GLM-4.7-Flash uses latent attention (MLA: ``kv_lora_rank``, ``q_lora_rank``).
+- GLM-4.7-Flash uses latent attention (MLA: ``kv_lora_rank``, ``q_lora_rank``), whose shared
+  rotary key feeds every head: tensor parallelism needs a plan the core does not have, so
+  ``glm4_moe_lite`` does not declare ``tp``.
 """
 
 from halo_core import Family, hookimpl
@@ -21,9 +23,14 @@ def halo_family() -> Family:
         model_types=("glm4_moe", "glm4_moe_lite"),
         version=__version__,
         api_version=1,
-        splits=frozenset({"ep", "cp"}),
+        splits=frozenset({"ep", "cp", "tp", "etp"}),
         moe_block="model.layers.*.mlp",
         router="gate",
         experts="experts",
         attention="model.layers.*.self_attn",
     )
+
+
+@hookimpl
+def supported_splits(family: Family, model_type: str) -> frozenset[str]:
+    return family.splits - {"tp"} if model_type == "glm4_moe_lite" else family.splits

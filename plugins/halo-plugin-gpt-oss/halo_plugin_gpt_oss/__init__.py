@@ -8,7 +8,8 @@
   declares this layout, so the core handles it without a custom hook.
 - Attention: ``model.layers.N.self_attn`` with learned attention sinks and alternating
   sliding/full layers; transformers has no SDPA path for it, hence eager attention in
-  tiny test models.
+  tiny test models. Its config carries no ``base_model_tp_plan``, so the plugin gives one
+  (the sinks are split with the heads by the core).
 """
 
 from halo_core import Family, hookimpl
@@ -23,10 +24,16 @@ def halo_family() -> Family:
         model_types=("gpt_oss",),
         version=__version__,
         api_version=1,
-        splits=frozenset({"ep", "cp"}),
+        splits=frozenset({"ep", "cp", "tp", "etp"}),
         moe_block="model.layers.*.mlp",
         router="router",
         experts="experts",
         attention="model.layers.*.self_attn",
         tiny_config={"attn_implementation": "eager", "sliding_window": 4},
+        tp_plan={
+            "model.layers.*.self_attn.q_proj": "colwise",
+            "model.layers.*.self_attn.k_proj": "colwise",
+            "model.layers.*.self_attn.v_proj": "colwise",
+            "model.layers.*.self_attn.o_proj": "rowwise",
+        },
     )

@@ -22,7 +22,7 @@ def halo_family() -> Family:
         model_types=("qwen3_moe",),
         version=__version__,
         api_version=1,
-        splits=frozenset({"ep", "cp"}),
+        splits=frozenset({"ep", "cp", "tp", "etp"}),
         moe_block="model.layers.*.mlp",
         router="gate",
         experts="experts",

@@ -1,0 +1,73 @@
+"""Tensor and expert-tensor parallelism's own refusals and slicing (their equivalence is the kit's, via the plugins)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from halo_core.errors import LayoutError
+from halo_core.parallel.expert_tensor_parallel import check_divisible, intermediate_splits, join_slices, take_slice
+from halo_core.parallel.tensor_parallel import check_heads, partial_gradient_parameters, resolve_plan
+from halo_core.registry import discover
+from halo_core.tiny import tiny_config, tiny_model
+
+
+def _family(name):
+    return discover(strict=False).by_name(name).family
+
+
+def test_head_counts_must_divide_by_tp_times_cp():
+    config = tiny_config("qwen3_moe")  # 4 query heads, 2 key/value heads
+    check_heads(config, 2, 1)
+    with pytest.raises(LayoutError, match="num_key_value_heads=2 is not divisible by tensor_parallel_size tp=2 times context_parallel_size cp=2"):
+        check_heads(config, 2, 2)
+
+
+def test_the_plan_comes_from_the_config_and_marks_per_head_norms():
+    model = tiny_model("qwen3_moe", device="meta")
+    plan = resolve_plan(model, _family("qwen3-moe"))
+    assert plan["model.layers.0.self_attn.q_proj"] == "colwise" and plan["model.layers.1.self_attn.o_proj"] == "rowwise"
+    assert not any("experts" in name or name.endswith("mlp.gate") for name in plan)  # experts are EP/ETP's, the router stays whole
+    assert "model.layers.0.self_attn.q_norm.weight" in partial_gradient_parameters(model, _family("qwen3-moe"))
+
+
+def test_a_family_without_any_plan_is_refused():
+    family = dataclasses.replace(_family("gpt-oss"), tp_plan={})
+    with pytest.raises(LayoutError, match="declares tp, but neither Family.tp_plan nor the config's base_model_tp_plan"):
+        resolve_plan(tiny_model("gpt_oss", {"attn_implementation": "eager"}, device="meta"), family)
+
+
+def test_a_plan_style_halo_does_not_implement_is_refused():
+    with pytest.raises(LayoutError, match="kv_a_proj_with_mqa as 'mla_kv_a_proj', which Halo's tensor parallelism does not implement"):
+        resolve_plan(tiny_model("glm4_moe_lite", device="meta"), _family("glm4-moe"))
+    family = dataclasses.replace(_family("gpt-oss"), tp_plan={"model.layers.*.self_attn.q_proj": "sideways"})
+    with pytest.raises(LayoutError, match="'sideways'; use one of"):
+        resolve_plan(tiny_model("gpt_oss", {"attn_implementation": "eager"}, device="meta"), family)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_expert_slices_join_back_to_the_whole(model_type):
+    experts = tiny_model(model_type, {"attn_implementation": "eager"}).model.layers[0].mlp.experts
+    splits, whole = intermediate_splits(experts)
+    assert whole == (["down_proj_bias"] if model_type == "gpt_oss" else [])
+    for name, split in splits.items():
+        full = getattr(experts, name).detach()
+        pieces = [take_slice(full, split, rank, 4) for rank in range(4)]
+        torch.testing.assert_close(join_slices(pieces, split), full, rtol=0, atol=0)
+        assert all(p.numel() * 4 == full.numel() for p in pieces)
+
+
+def test_concatenated_gate_and_up_are_sliced_half_by_half():
+    experts = tiny_model("qwen3_moe").model.layers[0].mlp.experts
+    split = intermediate_splits(experts)[0]["gate_up_proj"]
+    full = experts.gate_up_proj.detach()  # [E, 2I, H]: gate rows then up rows
+    half = full.shape[1] // 2
+    mine = take_slice(full, split, 1, 2)
+    torch.testing.assert_close(mine[:, : half // 2], full[:, half // 2 : half], rtol=0, atol=0)
+    torch.testing.assert_close(mine[:, half // 2 :], full[:, half + half // 2 :], rtol=0, atol=0)
+
+
+def test_etp_must_divide_the_intermediate_size():
+    experts = tiny_model("qwen3_moe").model.layers[0].mlp.experts
+    with pytest.raises(LayoutError, match="intermediate size 16 is not divisible by expert_tensor_parallel_size etp=3"):
+        check_divisible(experts, 3, "model.layers.0.mlp.experts")
