@@ -57,14 +57,20 @@ def test_expert_parallel_run_matches_the_single_process_run(single_process, tmp_
         assert_close(tensor, reference[name], f"{name} after 4 steps at ep=2")
 
 
-def test_context_parallel_run_matches_the_single_process_run(single_process, tmp_path):
-    out = tmp_path / "cp2"
-    launch(out, *COMMON, "--expert_parallel_size=1", "--context_parallel_size=2", "--per_device_train_batch_size=1",
+@pytest.mark.parametrize(
+    "layout",
+    [["--context_parallel_size=2"], ["--context_parallel_size=2", "--context_parallel_attention=ring"],
+     ["--tensor_parallel_size=2"], ["--expert_tensor_parallel_size=2"]],
+    ids=["cp-ulysses", "cp-ring", "tp", "etp"],
+)
+def test_context_tensor_and_expert_tensor_parallel_runs_match_the_single_process_run(single_process, tmp_path, layout):
+    out = tmp_path / "run"
+    launch(out, *COMMON, "--expert_parallel_size=1", *layout, "--per_device_train_batch_size=1",
            "--save_strategy=steps", "--save_steps=4", nproc=2)
     assert losses(out) == pytest.approx(losses(single_process), abs=1e-4)
     reference = weights(single_process)
     for name, tensor in weights(out).items():
-        assert_close(tensor, reference[name], f"{name} after 4 steps at cp=2")
+        assert_close(tensor, reference[name], f"{name} after 4 steps at {layout}")
 
 
 def test_single_process_run_matches_stock_trl(single_process, tmp_path):

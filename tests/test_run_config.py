@@ -81,7 +81,10 @@ def test_missing_required_fields_and_files(tmp_path):
     [
         ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
         (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide"),
-        (["--expert_parallel_size=1", "--tensor_parallel_size=2"], 2, "method 'sft' cannot train with tp=2 yet (it supports ['cp', 'ep'])"),
+        (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--packing=true"], 2, "packing / padding-free batches are not supported with tensor_parallel_size > 1 yet"),
+        (["--expert_parallel_size=1", "--tensor_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=4"),
+        (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--context_parallel_size=2"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=2 times context_parallel_size cp=2"),
+        (["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"], 3, "expert_tensor_parallel_size=3 does not divide the experts' intermediate size 64"),
         (["--expert_parallel_size=1", "--context_parallel_size=2", "--packing=true"], 2, "packing / padding-free batches are not supported with context_parallel_size > 1 yet"),
         (["--expert_parallel_size=1", "--context_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
         (["--ep_dispatcher=deepep"], 2, "ep_dispatcher 'deepep' is not installed; available: ['torch']"),
@@ -91,6 +94,17 @@ def test_missing_required_fields_and_files(tmp_path):
 def test_impossible_layouts(overrides, world, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         check_layout(load(overrides), world)
+
+
+def test_a_split_the_method_cannot_feed_is_refused(monkeypatch):
+    import dataclasses
+
+    from halo_core.trainers import method
+
+    narrow = dataclasses.replace(method.get_method("sft"), splits=frozenset({"ep"}))
+    monkeypatch.setattr(method, "get_method", lambda name: narrow)
+    with pytest.raises(ConfigError, match=re.escape("method 'sft' cannot train with tp=2 yet (it supports ['ep'])")):
+        check_layout(load(["--expert_parallel_size=1", "--tensor_parallel_size=2"]), 2)
 
 
 def test_random_init_needs_a_local_config(tmp_path):

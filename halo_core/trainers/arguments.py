@@ -32,8 +32,13 @@ class HaloArguments:
     expert_tensor_parallel_size: int = 1
     tensor_parallel_size: int = 1
     context_parallel_size: int = 1
+    #: How a CP group computes attention: ``ulysses`` or ``ring``.
+    context_parallel_attention: str = "ulysses"
     #: Expert token-dispatch back-end, by name in the ``halo.dispatchers`` entry-point group.
     ep_dispatcher: str = "torch"
+    #: transformers' experts implementation (``grouped_mm``, ``eager``, ...; ``liger_moe`` with the GPU
+    #: extra); empty = the model's default. Under EP it computes each rank's block.
+    experts_implementation: str | None = None
     #: With ``bf16: true``: keep a bf16 Kahan compensation buffer per parameter (fp32-like accuracy, +2 bytes/param).
     adamw_bf16_kahan: bool = False
 
@@ -44,4 +49,5 @@ class HaloArguments:
             tp=self.tensor_parallel_size,
             cp=self.context_parallel_size,
             ep_dispatcher=self.ep_dispatcher,
+            cp_attention=self.context_parallel_attention,
         )

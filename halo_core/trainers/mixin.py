@@ -11,20 +11,29 @@ import os
 
 import torch
 
+from halo_core.kernels.liger import keep_experts_interface
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.grads import clip_grad_norm_, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint
 from halo_core.parallel.layout_state import layout_of
-from halo_core.trainers.parts.context import split_for_context_parallel
+from halo_core.trainers.parts.context import split_for_shared_sample
 from halo_core.trainers.parts.layout import lay_out
 from halo_core.trainers.parts.optimizer import build_adamw_bf16, wants_adamw_bf16
 from halo_core.trainers.parts.throughput import ThroughputMeter
 
 
+def _sharing(model) -> int:
+    """How many ranks hold parts of (CP) or all of (TP) the same samples."""
+    dims = layout_of(model).dims
+    return dims.cp * dims.tp
+
+
 class DistributedTrainerMixin:
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
+        if kwargs.get("args") is not None:
+            keep_experts_interface(kwargs["args"])
         self._halo_kahan = adamw_bf16_kahan
         self._halo_meter = ThroughputMeter()
         self._halo_staging = False
@@ -44,23 +53,24 @@ class DistributedTrainerMixin:
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
             sync_gradients(self.model)
-        # Logged as the mean over ranks: a CP group's ranks hold parts of one loss, so each reports cp times its part.
+        # Logged as the mean over ranks. compute_loss divided each rank's loss by cp x tp: for a TP rank the
+        # quotient is its share of its pool's loss, as at tp=1; a CP rank holds only its chunk's part, so cp times it.
         return loss * layout_of(self.model).dims.cp
 
-    # -- context parallelism -------------------------------------------------------------------
+    # -- context and tensor parallelism ------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        cp = layout_of(self.model).dims.cp
-        if cp == 1:
+        sharing = _sharing(self.model)
+        if sharing == 1:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         pad = getattr(self.processing_class, "pad_token_id", None) or 0
-        split = split_for_context_parallel(inputs, layout_of(self.model), pad)
+        split = split_for_shared_sample(inputs, layout_of(self.model), pad)
         result = super().compute_loss(model, split, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        # The trainer scaled the loss by the world size for gradients averaged over every rank; Halo sums a CP
-        # group's parts and averages over data-parallel ranks only (sync_gradients), so undo the extra factor cp.
+        # The trainer scaled the loss by the world size for gradients averaged over every rank; Halo averages over
+        # data-parallel ranks only (sync_gradients), and the cp x tp ranks of a pool share its samples: undo that factor.
         if return_outputs:
-            return result[0] / cp, result[1]
-        return result / cp
+            return result[0] / sharing, result[1]
+        return result / sharing
 
     def _clip_grad_norm(self, model):
         return clip_grad_norm_(self.model, self.args.max_grad_norm)

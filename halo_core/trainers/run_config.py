@@ -154,7 +154,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     try:
         dims = run.halo.parallel_config().resolve(world_size)
     except HaloError as exc:
-        raise ConfigError(f"{run.source}: {exc} (set in expert_parallel_size / tensor_parallel_size / context_parallel_size / expert_tensor_parallel_size, or change --nproc)") from None
+        raise ConfigError(f"{run.source}: {exc} (set in expert_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / expert_tensor_parallel_size, or change --nproc)") from None
     beyond_method = sorted(s for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1 and s not in method_splits)
     if beyond_method:
         raise ConfigError(
@@ -168,8 +168,9 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
             raise ConfigError(
                 f"{run.source}: ep_dispatcher {run.halo.ep_dispatcher!r} is not installed; available: {sorted(available_dispatchers())}"
             )
-    if dims.cp > 1 and (run.trainer.get("packing") or run.trainer.get("padding_free")):
-        raise ConfigError(f"{run.source}: packing / padding-free batches are not supported with context_parallel_size > 1 yet; set packing: false")
+    if dims.cp * dims.tp > 1 and (run.trainer.get("packing") or run.trainer.get("padding_free")):
+        which = "context_parallel_size" if dims.cp > 1 else "tensor_parallel_size"
+        raise ConfigError(f"{run.source}: packing / padding-free batches are not supported with {which} > 1 yet; set packing: false")
     model_config = _model_config(run)
     model_type = getattr(model_config, "model_type", None)
     registry = registry or discover()
@@ -188,13 +189,23 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
                 f"{run.source}: family {record.name!r} supports {sorted(supported) or 'data parallelism only'} for model type "
                 f"{model_type!r}, not {', '.join(f'{s}={asked[s]}' for s in sorted(missing))}; set those sizes to 1"
             )
-    if dims.cp > 1 and model_config is not None:
-        from halo_core.parallel.context_parallel import check_heads
+    if dims.cp * dims.tp > 1 and model_config is not None:
+        from halo_core.parallel import context_parallel, tensor_parallel
 
+        heads_cp = dims.cp if run.halo.context_parallel_attention == "ulysses" else 1  # ring keeps every head
         try:
-            check_heads(model_config, dims.cp)
+            if dims.tp > 1:
+                tensor_parallel.check_heads(model_config, dims.tp, heads_cp)
+            elif heads_cp > 1:
+                context_parallel.check_heads(model_config, heads_cp)
         except HaloError as exc:
             raise ConfigError(f"{run.source}: {exc}") from None
+    intermediate = next((getattr(model_config, f) for f in ("moe_intermediate_size", "intermediate_size") if getattr(model_config, f, None)), None)
+    if intermediate and dims.etp > 1 and intermediate % dims.etp:
+        raise ConfigError(
+            f"{run.source}: expert_tensor_parallel_size={dims.etp} does not divide the experts' intermediate size {intermediate}; "
+            f"choose a divisor of {intermediate}"
+        )
     experts = next((getattr(model_config, f) for f in _EXPERT_COUNT_FIELDS if getattr(model_config, f, None)), None)
     if experts and dims.ep > 1 and experts % dims.ep:
         raise ConfigError(f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide")

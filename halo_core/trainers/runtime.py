@@ -33,15 +33,22 @@ def build_tokenizer(halo: HaloArguments):
 
 def build_model(halo: HaloArguments, args):
     """Random init from the config (same seed on every rank), or the checkpoint read straight into the layout."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    from halo_core.parallel.loading import from_pretrained
+    from halo_core.kernels import liger
+    from halo_core.parallel.loading import from_pretrained, model_class_for
 
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
+    experts = halo.experts_implementation
+    if experts == liger.EXPERTS_IMPLEMENTATION:
+        liger.register()
     if halo.random_init:
         config = AutoConfig.from_pretrained(halo.model_name_or_path)
         torch.manual_seed(args.seed)
         with device:
-            return AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return from_pretrained(halo.model_name_or_path, halo.parallel_config(), dtype=dtype, device=device)
+            model = model_class_for(config).from_config(config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
+        if experts == liger.EXPERTS_IMPLEMENTATION:
+            liger.check_experts(model)
+        return model
+    return from_pretrained(halo.model_name_or_path, halo.parallel_config(), dtype=dtype, device=device, experts_implementation=experts)

@@ -32,4 +32,4 @@ def run(run: RunConfig) -> None:
     trainer.save_model()
 
 
-METHOD = Method(name="sft", config_class=SFTConfig, run=run, splits=frozenset({"ep", "cp"}))
+METHOD = Method(name="sft", config_class=SFTConfig, run=run, splits=frozenset({"ep", "cp", "tp", "etp"}))
