@@ -1,30 +1,51 @@
-"""Stock TRL against Halo's trainer on the same model, data and settings, one GPU (issue 7's baseline).
+"""Stock TRL against ``halo launch sft`` on the same model, data and settings, in one invocation (issue 7).
 
-    python3 bench/sft_vs_trl.py --out sft_vs_trl.json            # every variant, one after another
+    python3 bench/sft_vs_trl.py --out sft_vs_trl.json                       # default rows, one GPU
+    python3 bench/sft_vs_trl.py --nproc 2 --batch 2 --variants trl-bf16+fsdp halo-ep1 halo-ep2
+    python3 bench/sft_vs_trl.py --profile halo-ep1 --out profile.json       # where a step's time goes
 
-Variants: stock ``trl.SFTTrainer`` with fp32 weights and bf16 autocast (fp32 AdamW), stock
-TRL with bf16 weights (AdamW states in bf16), and ``HaloSFTTrainer`` (the trainer
-``halo launch sft`` runs) with bf16 weights and AdamWBF16 at EP=1. Model: the standard
-benchmark config (Qwen3-MoE, 64 experts top-8), random init; data: random sequences of
-exactly --seq tokens, batch 1, gradient checkpointing on; --steps steps, the first 5
-dropped. Reports tokens/s (median step), peak memory (weights included) and MFU:
-(6 x active non-embedding parameters incl. lm_head x tokens + causal attention FLOPs)
-/ the bf16 matmul rate measured at start on the same GPU.
+A variant is a base and options joined by ``+``:
+
+  trl-fp32-autocast   stock ``trl.SFTTrainer``, fp32 weights, bf16 autocast, fp32 AdamW (classic mixed precision)
+  trl-bf16            stock TRL, bf16 weights, torch AdamW (its states bf16 too)
+  halo-epN            ``halo launch sft`` at expert_parallel_size N: bf16 weights, AdamWBF16
+  +liger              TRL's ``use_liger_kernel`` (RoPE, RMSNorm, fused linear cross-entropy; for Halo
+                      the experts stay at transformers' experts interface)
+  +liger-moe          Halo: Liger's fused MoE as the experts implementation (``experts_implementation``)
+  +nockpt             gradient checkpointing off
+  +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
+
+Each variant runs in its own processes (a fresh CUDA context), ``--repeats`` times, in turn.
+Workload: the standard benchmark config (``configs/qwen3-moe-3b.config.json``: Qwen3-MoE,
+64 experts top-8, vocab 151,936), random init, random sequences of exactly ``--seq`` tokens,
+``--batch`` per GPU, gradient checkpointing on, sdpa attention, aux loss off; ``--steps``
+steps, the first 5 dropped, the median kept. TRL rows time each optimizer step (CUDA-synced
+callback); Halo rows report the trainer's own logged tokens/s per device at
+``logging_steps=1`` (log to log, so a little pessimistic for Halo). Peak memory is
+``torch.cuda.max_memory_allocated`` (weights included). MFU = (6 x active non-embedding
+parameters including lm_head + causal attention FLOPs) per token x tokens/s / the bf16
+matmul rate measured at the start on the same GPU.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import ast
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 
-CONFIG = Path(__file__).parent / "configs" / "qwen3-moe-3b.config.json"
-TOKENIZER = Path(__file__).parents[1] / "templates" / "tiny" / "model"
+HERE = Path(__file__).resolve().parent
+CONFIG = HERE / "configs" / "qwen3-moe-3b.config.json"
+TOKENIZER = HERE.parent / "templates" / "tiny" / "model"
+WARMUP = 5
 
 
 def matmul_rate() -> float:
@@ -41,79 +62,160 @@ def matmul_rate() -> float:
 
 
 def flops_per_token(config, seq: int) -> float:
-    h, layers = config.hidden_size, config.num_hidden_layers
-    heads, kv, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, kv, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     attention = h * (heads * d) * 2 + h * (kv * d) * 2
-    experts = config.num_experts_per_tok * 3 * h * config.moe_intermediate_size + h * config.num_experts
-    active = layers * (attention + experts) + h * config.vocab_size  # lm_head included, embeddings not
+    experts = config["num_experts_per_tok"] * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
+    active = layers * (attention + experts) + h * config["vocab_size"]  # lm_head included, embeddings not
     causal_attention = layers * 2 * 2 * heads * d * seq / 2 * 3  # QK^T and PV, causal half, fwd + bwd
     return 6 * active + causal_attention
 
 
-def step_timer():
-    from transformers import TrainerCallback
-
-    class StepTimer(TrainerCallback):
-        """Wall time of each optimizer step, synchronised with the GPU."""
-
-        def __init__(self):
-            self.times, self.last = [], None
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
-            self.last = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
-            self.times.append(time.perf_counter() - self.last)
-
-    return StepTimer()
+def parse(variant: str) -> dict:
+    base, *options = variant.split("+")
+    known = {"liger", "liger-moe", "nockpt", "fsdp"}
+    if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
+        raise SystemExit(f"unknown variant {variant!r}: see --help")
+    return {
+        "halo": base.startswith("halo"), "ep": int(base[7:]) if base.startswith("halo") else 1,
+        "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
+        "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
+    }
 
 
-def run(variant: str, seq: int, steps: int, rate: float) -> dict:
+def prepare(workdir: Path, seq: int, rows: int) -> None:
+    """A model folder (the benchmark config and the tiny tokenizer) and a file of random token rows."""
+    model = workdir / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    shutil.copy(CONFIG, model / "config.json")
+    for name in os.listdir(TOKENIZER):
+        if name.startswith("tokenizer") or name == "special_tokens_map.json":
+            shutil.copy(TOKENIZER / name, model / name)
+    vocab = json.loads(CONFIG.read_text())["vocab_size"]
+    generator = torch.Generator().manual_seed(0)
+    with open(workdir / "data.jsonl", "w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"input_ids": torch.randint(0, vocab, (seq,), generator=generator).tolist()}) + "\n")
+
+
+def trainer_fields(spec: dict, args, output_dir: Path) -> dict:
+    fields = {
+        "output_dir": str(output_dir), "max_steps": args.steps, "per_device_train_batch_size": args.batch,
+        "gradient_checkpointing": spec["checkpointing"], "bf16": True, "learning_rate": 1e-5, "logging_steps": 1,
+        "save_strategy": "no", "report_to": "none", "max_length": args.seq, "router_aux_loss_coef": 0.0,
+        "dataloader_num_workers": 0, "disable_tqdm": True, "seed": 0,
+    }
+    if spec["liger"]:
+        fields["use_liger_kernel"] = True
+    if spec["fsdp"]:
+        fields["fsdp"] = "full_shard"
+        fields["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["Qwen3MoeDecoderLayer"]}
+    return fields
+
+
+# -- one variant, in the processes the orchestrator starts ----------------------------------------
+
+
+def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
+    import yaml
+
+    run = {
+        "model_name_or_path": str(workdir / "model"), "random_init": True, "dataset": [{"path": str(workdir / "data.jsonl")}],
+        "expert_parallel_size": spec["ep"], **trainer_fields(spec, args, workdir / "out" / variant),
+    }
+    if spec["liger_moe"]:
+        run["experts_implementation"] = "liger_moe"
+    path = workdir / f"{variant}.yaml"
+    path.write_text(yaml.safe_dump(run))
+    return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
+
+
+def halo_result(output: str, seq: int, batch: int) -> dict:
+    logs = [ast.literal_eval(line) for line in output.splitlines() if line.startswith("{") and "tokens_per_second_per_device" in line]
+    if len(logs) <= WARMUP:
+        raise RuntimeError(f"expected per-step logs, got {len(logs)}:\n{output[-3000:]}")
+    rates = [float(log["tokens_per_second_per_device"]) for log in logs[WARMUP:]]
+    rate = statistics.median(rates)
+    return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates),
+            "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs), "optimizer": "AdamWBF16",
+            "loss_first_last": [float(logs[0]["loss"]), float(logs[-1]["loss"])]}
+
+
+def trl_worker(variant: str, args, workdir: Path) -> None:
+    """Stock TRL (or, for --profile, Halo's trainer in-process): train, time each step, write the row."""
     import datasets
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import SFTConfig, SFTTrainer
 
-    from halo_core import ParallelConfig
-    from halo_core.trainers.sft import HaloSFTTrainer
-
-    config = AutoConfig.from_pretrained(CONFIG)
-    generator = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": torch.randint(0, config.vocab_size, (seq,), generator=generator).tolist()} for _ in range(steps + 2)]
-    data = datasets.Dataset.from_list(rows)
-    torch.cuda.reset_peak_memory_stats()
-    weights = torch.float32 if variant == "trl-fp32-autocast" else torch.bfloat16
+    spec = parse(variant)
+    rank = int(os.environ.get("RANK", "0"))
+    if "LOCAL_RANK" in os.environ:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    config = AutoConfig.from_pretrained(workdir / "model")
+    data = datasets.load_dataset("json", data_files=str(workdir / "data.jsonl"), split="train")
     torch.manual_seed(0)
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=weights, attn_implementation="sdpa")
-    args = SFTConfig(
-        output_dir=f"/tmp/bench-{variant}", max_steps=steps, per_device_train_batch_size=1, gradient_checkpointing=True,
-        bf16=True, learning_rate=1e-5, logging_steps=1000, save_strategy="no", report_to="none", max_length=seq,
-        router_aux_loss_coef=0.0, dataloader_num_workers=0,
-    )
-    timer = step_timer()
-    trainer_class = HaloSFTTrainer if variant.startswith("halo") else SFTTrainer
-    extra = {"parallel_config": ParallelConfig()} if variant.startswith("halo") else {}
-    # Diagnostic variants that swap only the optimizer, to tell the optimizer's cost from the trainer's.
-    if variant.endswith("+torch-adamw"):
-        extra["optimizers"] = (torch.optim.AdamW(model.parameters(), lr=1e-5, foreach=True), None)
-    if variant.endswith("+adamw-bf16"):
-        from halo_core.optim import AdamWBF16
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if spec["fp32_weights"] else torch.bfloat16, attn_implementation="sdpa")
 
-        extra["optimizers"] = (AdamWBF16(model.parameters(), lr=1e-5), None)
-    trainer = trainer_class(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TOKENIZER), callbacks=[timer], **extra)
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times, self.last, self.profiler = [], None, None
+
+        def on_step_begin(self, args_, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.last = time.perf_counter()
+            if args.profile and state.global_step == WARMUP:
+                self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+                self.profiler.__enter__()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.times.append(time.perf_counter() - self.last)
+            if self.profiler is not None and state.global_step == WARMUP + 2:
+                self.profiler.__exit__(None, None, None)
+                table = self.profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
+                (workdir / f"profile-{variant}.txt").write_text(table)
+                self.profiler = None
+
+    timer = StepTimer()
+    fields = trainer_fields(spec, args, workdir / "out" / variant)
+    fields.pop("disable_tqdm")
+    sft_args = SFTConfig(**{**fields, "logging_steps": 1000})
+    if spec["halo"]:
+        from halo_core import ParallelConfig
+        from halo_core.trainers.sft import HaloSFTTrainer
+
+        trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
+                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"]))
+    else:
+        trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])
     trainer.train()
-    step = statistics.median(timer.times[5:])
-    result = {
-        "variant": variant, "seq": seq, "steps_timed": len(timer.times[5:]), "median_step_s": round(step, 4),
-        "tokens_per_s": round(seq / step), "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "mfu": round(flops_per_token(config, seq) * seq / step / rate, 4), "optimizer": type(trainer.optimizer).__name__,
-    }
-    del trainer, model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return result
+    if rank == 0:
+        step = statistics.median(timer.times[WARMUP:])
+        row = {"tokens_per_s": round(args.seq * args.batch / step), "median_step_s": round(step, 4), "steps_timed": len(timer.times[WARMUP:]),
+               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "optimizer": type(trainer.optimizer).__name__}
+        (workdir / f"{variant}.row.json").write_text(json.dumps(row))
+
+
+# -- the orchestrator ------------------------------------------------------------------------------
+
+
+def run_variant(variant: str, args, workdir: Path) -> dict:
+    spec = parse(variant)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if spec["halo"] and not args.profile:
+        command = halo_command(variant, spec, args, workdir)
+    else:
+        script = [str(Path(__file__).resolve()), "--worker", variant, "--workdir", str(workdir), "--seq", str(args.seq),
+                  "--steps", str(args.steps), "--batch", str(args.batch)] + (["--profile", variant] if args.profile else [])
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
+        command = launcher + script
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    if done.returncode:
+        return {"variant": variant, "error": (done.stdout + done.stderr)[-2500:]}
+    row = halo_result(done.stdout, args.seq, args.batch) if spec["halo"] and not args.profile else json.loads((workdir / f"{variant}.row.json").read_text())
+    return {"variant": variant, **row, "wall_s": round(time.perf_counter() - started, 1)}
 
 
 def main() -> None:
@@ -121,18 +223,47 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["trl-fp32-autocast", "trl-bf16", "halo-ep1"])
     parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--profile", help="profile this one variant in-process (steps 6-7) instead of timing rows")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/halo-bench"))
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.worker:
+        return trl_worker(args.worker, args, args.workdir)
+    prepare(args.workdir, args.seq, args.steps * args.batch * args.nproc + 8)
     rate = matmul_rate()
-    print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s")
-    results = [run(v, args.seq, args.steps, rate) for v in args.variants]
-    base = {r["variant"]: r["tokens_per_s"] for r in results}
-    print(f"{'variant':22} {'tokens/s':>9} {'peak GiB':>9} {'MFU':>6} {'x fp32':>7} {'x bf16':>7}  optimizer")
-    for r in results:
+    torch.cuda.empty_cache()
+    config = json.loads(CONFIG.read_text())
+    print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
+    variants = [args.profile] if args.profile else args.variants
+    results = []
+    for repeat in range(args.repeats):
+        for variant in variants:
+            row = {"repeat": repeat, "nproc": args.nproc, "seq": args.seq, "batch": args.batch, **run_variant(variant, args, args.workdir)}
+            if "tokens_per_s" in row:
+                row["mfu"] = round(flops_per_token(config, args.seq) * row["tokens_per_s"] / rate, 4)
+            print(json.dumps(row), flush=True)
+            results.append(row)
+            if args.out:  # after every row, so a run cut short keeps what it measured
+                args.out.write_text(json.dumps({"matmul_tflops": rate / 1e12, "results": results}, indent=2))
+    ok = [r for r in results if "tokens_per_s" in r]
+    best = {}
+    for r in ok:
+        best.setdefault(r["variant"], []).append(r["tokens_per_s"])
+    base = {v: statistics.median(t) for v, t in best.items()}
+    print(f"\n{'variant':28} {'tokens/s/GPU':>12} {'peak GiB':>9} {'MFU':>6} {'x fp32':>7} {'x bf16':>7}")
+    for r in ok:
         ratios = [r["tokens_per_s"] / base[k] if k in base else float("nan") for k in ("trl-fp32-autocast", "trl-bf16")]
-        print(f"{r['variant']:22} {r['tokens_per_s']:>9} {r['peak_gib']:>9} {r['mfu']:>6.3f} {ratios[0]:>7.2f} {ratios[1]:>7.2f}  {r['optimizer']}")
-    if args.out:
-        args.out.write_text(json.dumps({"matmul_tflops": rate / 1e12, "results": results}, indent=2))
+        print(f"{r['variant']:28} {r['tokens_per_s']:>12} {r['peak_gib']:>9} {r['mfu']:>6.3f} {ratios[0]:>7.2f} {ratios[1]:>7.2f}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['variant']}: FAILED\n{r['error']}")
+    if args.profile and (args.workdir / f"profile-{args.profile}.txt").exists():
+        print((args.workdir / f"profile-{args.profile}.txt").read_text())
 
 
 if __name__ == "__main__":
