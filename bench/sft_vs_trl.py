@@ -137,7 +137,7 @@ def halo_result(output: str, seq: int, batch: int) -> dict:
     rates = [float(log["tokens_per_second_per_device"]) for log in logs[WARMUP:]]
     rate = statistics.median(rates)
     return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates),
-            "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs), "optimizer": "AdamWBF16",
+            "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs),
             "loss_first_last": [float(logs[0]["loss"]), float(logs[-1]["loss"])]}
 
 
@@ -218,6 +218,35 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
     return {"variant": variant, **row, "wall_s": round(time.perf_counter() - started, 1)}
 
 
+def check_kernels() -> dict:
+    """GPU equivalence of the kernels Halo can switch on, against transformers' own path, on this GPU."""
+    from transformers import AutoConfig
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from halo_core.kernels import liger
+
+    liger.register()
+    config = AutoConfig.from_pretrained(CONFIG)
+    torch.manual_seed(0)
+    experts = Qwen3MoeExperts(config).cuda().to(torch.bfloat16)
+    torch.nn.init.normal_(experts.gate_up_proj, std=0.02)
+    torch.nn.init.normal_(experts.down_proj, std=0.02)
+    tokens = torch.randn(4096, config.hidden_size, device="cuda", dtype=torch.bfloat16)
+    index = torch.randn(4096, config.num_experts, device="cuda").topk(config.num_experts_per_tok).indices
+    weights = torch.rand(4096, config.num_experts_per_tok, device="cuda", dtype=torch.bfloat16)
+    results = {}
+    for name in ("grouped_mm", liger.EXPERTS_IMPLEMENTATION):
+        experts.config._experts_implementation = name
+        x = tokens.clone().requires_grad_()
+        out = experts(x, index, weights)
+        out.float().square().sum().backward()
+        results[name] = (out.detach().float(), x.grad.float(), experts.gate_up_proj.grad.float())
+        experts.zero_grad()
+    error = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    reference, fused = results["grouped_mm"], results[liger.EXPERTS_IMPLEMENTATION]
+    return {"liger_moe_vs_grouped_mm": {"output": error(fused[0], reference[0]), "input_grad": error(fused[1], reference[1]), "gate_up_grad": error(fused[2], reference[2])}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variants", nargs="+", default=["trl-fp32-autocast", "trl-bf16", "halo-ep1"])
@@ -239,6 +268,9 @@ def main() -> None:
     torch.cuda.empty_cache()
     config = json.loads(CONFIG.read_text())
     print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
+    checks = check_kernels() if any("liger-moe" in v for v in args.variants) and not args.profile else {}
+    if checks:
+        print(f"kernel checks (relative error, bf16): {json.dumps(checks)}", flush=True)
     variants = [args.profile] if args.profile else args.variants
     results = []
     for repeat in range(args.repeats):
@@ -249,7 +281,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             results.append(row)
             if args.out:  # after every row, so a run cut short keeps what it measured
-                args.out.write_text(json.dumps({"matmul_tflops": rate / 1e12, "results": results}, indent=2))
+                args.out.write_text(json.dumps({"matmul_tflops": rate / 1e12, "kernel_checks": checks, "results": results}, indent=2))
     ok = [r for r in results if "tokens_per_s" in r]
     best = {}
     for r in ok:

@@ -34,7 +34,9 @@ def _stochastic_round(value, offsets, key):
     return tl.where(finite, rounded, value).to(tl.bfloat16)
 
 
-@triton.jit
+# Per-call integers are not specialised on: a new (size, keys) combination would otherwise mean a
+# new compilation, dozens of them spread over the first training steps.
+@triton.jit(do_not_specialize=["n", "key_p", "key_m", "key_v"])
 def _adamw_bf16_kernel(
     p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, n,
     beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt,

@@ -33,11 +33,11 @@ def hash32_int(x: int) -> int:
 
 
 def stream_key(seed: int, step: int, param_index: int, tensor_id: int) -> int:
-    """A 32-bit key per (seed, step, parameter, which stored tensor)."""
+    """A 31-bit key per (seed, step, parameter, which stored tensor)."""
     key = hash32_int(seed)
     for part in (step, param_index, tensor_id):
         key = hash32_int(key ^ hash32_int(part + 0x9E3779B9))
-    return key
+    return key & 0x7FFFFFFF  # 31 bits: one integer type for the Triton kernel's argument, whatever the key
 
 
 def random_bits16(key: int, numel: int, device: torch.device) -> torch.Tensor:
