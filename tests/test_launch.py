@@ -73,6 +73,24 @@ def test_context_tensor_and_expert_tensor_parallel_runs_match_the_single_process
         assert_close(tensor, reference[name], f"{name} after 4 steps at {layout}")
 
 
+@pytest.fixture(scope="module")
+def single_process_packed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("single-packed") / "run"
+    launch(out, *COMMON, "--packing=true", "--expert_parallel_size=1", "--per_device_train_batch_size=2", "--save_strategy=steps", "--save_steps=4")
+    return out
+
+
+@pytest.mark.parametrize("attention", ["ulysses", "ring"])
+def test_packed_documents_under_context_parallelism_match_the_single_process_run(single_process_packed, tmp_path, attention):
+    out = tmp_path / "run"
+    launch(out, *COMMON, "--packing=true", "--expert_parallel_size=1", "--context_parallel_size=2", f"--context_parallel_attention={attention}",
+           "--per_device_train_batch_size=1", "--save_strategy=steps", "--save_steps=4", nproc=2)
+    assert losses(out) == pytest.approx(losses(single_process_packed), abs=1e-4)
+    reference = weights(single_process_packed)
+    for name, tensor in weights(out).items():
+        assert_close(tensor, reference[name], f"{name} after 4 packed steps at cp=2 ({attention})")
+
+
 def test_single_process_run_matches_stock_trl(single_process, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer

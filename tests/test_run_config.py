@@ -81,11 +81,10 @@ def test_missing_required_fields_and_files(tmp_path):
     [
         ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
         (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide"),
-        (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--packing=true"], 2, "packing / padding-free batches are not supported with tensor_parallel_size > 1 yet"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=4"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--context_parallel_size=2"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=2 times context_parallel_size cp=2"),
         (["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"], 3, "expert_tensor_parallel_size=3 does not divide the experts' intermediate size 64"),
-        (["--expert_parallel_size=1", "--context_parallel_size=2", "--packing=true"], 2, "packing / padding-free batches are not supported with context_parallel_size > 1 yet"),
+        (["--expert_parallel_size=1", "--context_parallel_size=2", "--context_parallel_attention=spiral"], 2, "ParallelConfig.cp_attention='spiral' is unknown; choose one of ['ulysses', 'ring']"),
         (["--expert_parallel_size=1", "--context_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
         (["--ep_dispatcher=deepep"], 2, "ep_dispatcher 'deepep' is not installed; available: ['torch']"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),

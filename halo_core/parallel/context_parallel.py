@@ -12,7 +12,8 @@ rank's part of per-head parameters such as GPT-OSS's sinks.
 Inputs: ``context_parallel_inputs`` gives a CP rank its chunk with global position ids and
 labels shifted before the split (no token loses its label at a chunk boundary), and the
 loss is normalised by the whole sequence's token count, so the CP ranks' losses add up to
-the sequence's. Padding masks and packed documents are not supported with CP yet.
+the sequence's. Packed documents (position ids restarting at 0) get a block-diagonal
+causal mask over the whole sequence, so no token attends across a document boundary.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor
@@ -82,14 +84,32 @@ def _scatter_sequence(x: torch.Tensor, cp: int, group) -> torch.Tensor:
     return x.permute(1, 2, 0, 3, 4).reshape(b, s // cp, cp * h, d)
 
 
-def _causal_mask(module: nn.Module, length: int, dtype: torch.dtype, device) -> torch.Tensor:
+def _causal_mask(module: nn.Module, length: int, dtype: torch.dtype, device, documents: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive causal (sliding-window) mask over the whole sequence; with ``documents`` [B, S], block-diagonal too."""
     position = torch.arange(length, device=device)
     allowed = position[None, :] <= position[:, None]
     window = getattr(module, "sliding_window", None)
     if window:
         allowed &= position[:, None] - position[None, :] < window
-    mask = torch.zeros((length, length), dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+    allowed = allowed[None, None]
+    if documents is not None:
+        allowed = allowed & (documents[:, None, :, None] == documents[:, None, None, :])
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def sequence_documents(position_ids: torch.Tensor | None, group, size: int) -> torch.Tensor | None:
+    """Document index of every token of the whole sequence [B, S], from the CP ranks' position-id chunks:
+    a packed document starts where its position id is 0. ``None`` when every row is one document."""
+    if position_ids is None:
+        return None
+    batch, length = position_ids.shape
+    chunks = torch.empty((size * batch, length), dtype=position_ids.dtype, device=position_ids.device)
+    dist.all_gather_into_tensor(chunks, position_ids.contiguous(), group=group)
+    positions = chunks.view(size, batch, length).permute(1, 0, 2).reshape(batch, size * length)
+    starts = positions == 0
+    if not starts[:, 1:].any():
+        return None
+    return torch.cumsum(starts.to(torch.int32), dim=1)
 
 
 def _additive_mask(module: nn.Module, mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
@@ -111,13 +131,19 @@ def ulysses_attention(module: nn.Module, query, key, value, attention_mask, **kw
         sinks = kwargs.pop("s_aux", None)
         if sinks is None and "sinks" in _LocalHeads(module, slice(None))._per_head:
             sinks = _LocalHeads(module, slice(None)).sinks
-        return ring_attention(module, query, key, value, shard, sinks, **kwargs)
+        documents = sequence_documents(kwargs.get("position_ids"), shard.group, shard.size)
+        if documents is not None:
+            length = query.shape[2]
+            documents = documents[:, shard.rank * length : (shard.rank + 1) * length].contiguous()
+        return ring_attention(module, query, key, value, shard, sinks, documents, **kwargs)
     if shard.size == 1:  # tensor parallelism alone: local heads, nothing to exchange
         if shard.needs_mask:
             attention_mask = _additive_mask(module, attention_mask, query)
         return shard.inner(_LocalHeads(module, slice(None)), query, key, value, attention_mask, **kwargs)
+    documents = sequence_documents(kwargs.get("position_ids"), shard.group, shard.size)
     q, k, v = (_gather_sequence(t, shard.size, shard.group) for t in (query, key, value))
-    mask = _causal_mask(module, q.shape[2], q.dtype, q.device) if shard.needs_mask or getattr(module, "sliding_window", None) else None
+    needs_mask = shard.needs_mask or getattr(module, "sliding_window", None) or documents is not None
+    mask = _causal_mask(module, q.shape[2], q.dtype, q.device, documents) if needs_mask else None
     heads = slice(shard.rank * q.shape[1], (shard.rank + 1) * q.shape[1])
     if kwargs.get("s_aux") is not None:
         kwargs["s_aux"] = kwargs["s_aux"][heads]
@@ -162,8 +188,12 @@ def check_heads(config, cp: int) -> None:
             raise LayoutError(f"{field}={heads} is not divisible by context parallel size cp={cp}; Ulysses attention scatters heads over the CP ranks, so choose cp among the divisors of both head counts")
 
 
-def context_parallel_inputs(input_ids: torch.Tensor, cp_rank: int, cp: int, labels: torch.Tensor | None = None, ignore_index: int = -100) -> dict:
-    """One CP rank's share of a batch: its sequence chunk, global positions, labels shifted before the split.
+def context_parallel_inputs(
+    input_ids: torch.Tensor, cp_rank: int, cp: int, labels: torch.Tensor | None = None, ignore_index: int = -100,
+    position_ids: torch.Tensor | None = None,
+) -> dict:
+    """One CP rank's share of a batch: its sequence chunk, global positions (or the given ``position_ids``
+    of packed documents), labels shifted before the split.
 
     Pass the result to the model (``model(**inputs)``); the returned loss is this chunk's
     part of the whole sequence's mean, so the CP ranks' losses sum to it.
@@ -174,7 +204,7 @@ def context_parallel_inputs(input_ids: torch.Tensor, cp_rank: int, cp: int, labe
     labels = input_ids if labels is None else labels
     shift_labels = torch.cat([labels[:, 1:], labels.new_full((batch, 1), ignore_index)], dim=1)
     chunk = slice(cp_rank * length // cp, (cp_rank + 1) * length // cp)
-    positions = torch.arange(length, device=input_ids.device).expand(batch, length)
+    positions = torch.arange(length, device=input_ids.device).expand(batch, length) if position_ids is None else position_ids
     mine = shift_labels[:, chunk].contiguous()
     return {
         "input_ids": input_ids[:, chunk].contiguous(),

@@ -38,16 +38,21 @@ MAX_NORM = 1e-2
 LR = 1.0
 
 
-def run_layouts(family_name: str, model_type: str, world: int, layouts: Iterable[ParallelConfig], seed: int) -> None:
-    """Spawn ``world`` ranks and check each layout; raise ``AssertionError`` with the first rank's failure."""
-    spawn(_check_layouts, world, family_name, model_type, list(layouts), seed, what=f"{family_name}/{model_type} (seed {seed})")
+def run_layouts(family_name: str, model_type: str, world: int, layouts: Iterable[ParallelConfig], seed: int, *, packed: bool = False) -> None:
+    """Spawn ``world`` ranks and check each layout; raise ``AssertionError`` with the first rank's failure.
+
+    ``packed``: each data-parallel rank's batch is one row of several documents (position ids
+    restarting at 0, the first token of each unlabelled, as TRL's padding-free collator does).
+    """
+    what = f"{family_name}/{model_type}{' packed' if packed else ''} (seed {seed})"
+    spawn(_check_layouts, world, family_name, model_type, list(layouts), seed, packed, what=what)
 
 
-def _check_layouts(rank: int, world: int, family_name: str, model_type: str, layouts: list[ParallelConfig], seed: int) -> None:
+def _check_layouts(rank: int, world: int, family_name: str, model_type: str, layouts: list[ParallelConfig], seed: int, packed: bool = False) -> None:
     registry = discover(strict=False)
     record = registry.by_name(family_name)
     for config in layouts:
-        _check_layout(registry, record, model_type, config, rank, world, seed)
+        _check_layout(registry, record, model_type, config, rank, world, seed, packed)
         dist.barrier()
 
 
@@ -74,11 +79,20 @@ def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = T
     return model
 
 
-def rank_batches(world: int, vocab_size: int, seed: int, multiple: int = 1) -> list[dict[str, torch.Tensor]]:
+def rank_batches(world: int, vocab_size: int, seed: int, multiple: int = 1, packed: bool = False) -> list[dict[str, torch.Tensor]]:
     """One batch per data-parallel rank, of different sequence lengths (multiples of ``multiple``), the same on every process."""
     generator = torch.Generator().manual_seed(seed + 1)
     batches = []
     for rank in range(world):
+        if packed:  # one row of three documents of random lengths
+            lengths = (torch.randint(2, 9, (3,), generator=generator)).tolist()
+            lengths[-1] += -sum(lengths) % multiple
+            ids = torch.randint(0, vocab_size, (1, sum(lengths)), generator=generator)
+            positions = torch.cat([torch.arange(n) for n in lengths])[None]
+            labels = ids.masked_fill(positions == 0, -100)
+            # use_cache=False as TRL passes it: with a cache transformers does not read documents off position ids
+            batches.append({"input_ids": ids, "labels": labels, "position_ids": positions, "use_cache": False})
+            continue
         length = -(-(5 + 2 * rank) // multiple) * multiple
         ids = torch.randint(0, vocab_size, (BATCH, length), generator=generator)
         batches.append({"input_ids": ids, "labels": ids.clone()})
@@ -118,7 +132,7 @@ def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.T
     )
 
 
-def _check_layout(registry, record, model_type, config: ParallelConfig, rank: int, world: int, seed: int) -> None:
+def _check_layout(registry, record, model_type, config: ParallelConfig, rank: int, world: int, seed: int, packed: bool = False) -> None:
     from halo_core import clip_grad_norm_, full_gradients, full_state_dict, parallelize, sync_gradients
 
     from halo_core.parallel.context_parallel import context_parallel_inputs
@@ -129,7 +143,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     # The auxiliary loss is a nonlinear function of the tokens it sees: a sequence's chunks do not add up to it.
     model = uneven_model(record, model_type, config.ep, seed, aux_loss=dims.cp == 1, head_split=dims.tp * (dims.cp if config.cp_attention == "ulysses" else 1))
     reference = copy.deepcopy(model)
-    batches = rank_batches(dims.dp, model.config.vocab_size, seed, multiple=dims.cp)
+    batches = rank_batches(dims.dp, model.config.vocab_size, seed, multiple=dims.cp, packed=packed)
 
     truth = _float64_gradients(model, batches) if rank == 0 else None
     expected = [reference(**batch) for batch in batches]
@@ -142,7 +156,8 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     model = parallelize(model, config, registry)
     mine, theirs = batches[coords["dp"]], expected[coords["dp"]]
     # CP: this rank's chunk of its data-parallel sample; the CP group's losses add up to the sample's
-    inputs = context_parallel_inputs(mine["input_ids"], coords["cp"], dims.cp) if dims.cp > 1 else mine
+    split = dict(labels=mine["labels"], position_ids=mine.get("position_ids"))
+    inputs = {**context_parallel_inputs(mine["input_ids"], coords["cp"], dims.cp, **split), "use_cache": False} if dims.cp > 1 else mine
     chunk = slice(coords["cp"] * inputs["input_ids"].shape[1], (coords["cp"] + 1) * inputs["input_ids"].shape[1])
     out = model(**inputs)
     assert_close(out.logits, theirs.logits[:, chunk], f"{where}: logits of sequence chunk {coords['cp']} of {dims.cp}")

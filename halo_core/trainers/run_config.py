@@ -168,9 +168,6 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
             raise ConfigError(
                 f"{run.source}: ep_dispatcher {run.halo.ep_dispatcher!r} is not installed; available: {sorted(available_dispatchers())}"
             )
-    if dims.cp * dims.tp > 1 and (run.trainer.get("packing") or run.trainer.get("padding_free")):
-        which = "context_parallel_size" if dims.cp > 1 else "tensor_parallel_size"
-        raise ConfigError(f"{run.source}: packing / padding-free batches are not supported with {which} > 1 yet; set packing: false")
     model_config = _model_config(run)
     model_type = getattr(model_config, "model_type", None)
     registry = registry or discover()
