@@ -56,7 +56,7 @@ def _print_plan(run: RunConfig, layout: dict, world: int) -> None:
     dims = layout["dims"]
     family = layout["family"] or "none (plain FSDP2 route)"
     console.print(f"[bold]model type[/]: {layout['model_type']}   [bold]family[/]: {family}")
-    table = Table(title=f"layout: world {world} = dp {dims.dp} x cp {dims.cp} x tp {dims.tp}; ep {dims.ep} within dp")
+    table = Table(title=f"layout: world {world} = dp {dims.dp} x cp {dims.cp} x tp {dims.tp}; ep {dims.ep} x etp {dims.etp} within dp")
     for column in ("rank", "dp", "ep", "ep_replica", "cp", "tp", "etp"):
         table.add_column(column)
     for rank in range(world):

@@ -95,15 +95,16 @@ def test_impossible_layouts(overrides, world, message):
         check_layout(load(overrides), world)
 
 
-def test_a_split_the_method_cannot_feed_is_refused(monkeypatch):
+@pytest.mark.parametrize("field, split", [("context_parallel_size", "cp"), ("tensor_parallel_size", "tp"), ("expert_tensor_parallel_size", "etp")])
+def test_a_split_the_method_cannot_feed_is_refused(monkeypatch, field, split):
     import dataclasses
 
     from halo_core.trainers import method
 
-    narrow = dataclasses.replace(method.get_method("sft"), splits=frozenset({"ep"}))
+    narrow = dataclasses.replace(method.get_method("sft"), splits=frozenset({"ep"}))  # a method whose trainer feeds EP only
     monkeypatch.setattr(method, "get_method", lambda name: narrow)
-    with pytest.raises(ConfigError, match=re.escape("method 'sft' cannot train with tp=2 yet (it supports ['ep'])")):
-        check_layout(load(["--expert_parallel_size=1", "--tensor_parallel_size=2"]), 2)
+    with pytest.raises(ConfigError, match=re.escape(f"method 'sft' cannot train with {split}=2 yet (it supports ['ep'])")):
+        check_layout(load(["--expert_parallel_size=1", f"--{field}=2"]), 2)
 
 
 def test_random_init_needs_a_local_config(tmp_path):
@@ -141,3 +142,13 @@ def test_dry_run_prints_config_layout_and_family():
     assert "world 4 = dp 4 x cp 1 x tp 1" in result.stdout
     rows = [line for line in result.stdout.splitlines() if re.match(r"^│ \d", line)]
     assert len(rows) == 4 and rows[3].split("│")[1:4] == [" 3    ", " 3  ", " 1  "]
+
+
+def test_dry_run_shows_every_ranks_coordinates_in_a_composed_layout():
+    flags = ["--nproc", "8", "--dry-run", "--", "--tensor_parallel_size=2", "--context_parallel_size=2", "--context_parallel_attention=ring"]
+    result = run_halo("launch", "sft", str(TINY), *flags, env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    assert "world 8 = dp 2 x cp 2 x tp 2; ep 2 x etp 1 within dp" in " ".join(result.stdout.split())  # the title may wrap
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.stdout.splitlines() if re.match(r"^│ \d", line)]
+    # columns: rank, dp, ep, ep_replica, cp, tp, etp; tp fastest, then ep, then cp
+    assert rows[5] == ["5", "0", "0", "0", "1", "1", "0"] and rows[2] == ["2", "1", "1", "0", "0", "0", "0"]
