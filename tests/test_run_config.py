@@ -87,6 +87,8 @@ def test_missing_required_fields_and_files(tmp_path):
         (["--expert_parallel_size=1", "--context_parallel_size=2", "--context_parallel_attention=spiral"], 2, "ParallelConfig.cp_attention='spiral' is unknown; choose one of ['ulysses', 'ring']"),
         (["--expert_parallel_size=1", "--context_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
         (["--ep_dispatcher=deepep"], 2, "ep_dispatcher 'deepep' is not installed; available: ['torch']"),
+        (["--experts_implementation=grouped-mm"], 2, "experts_implementation 'grouped-mm' is unknown; choose one of"),
+        (["--experts_implementation=liger_moe"], 2, "experts_implementation 'liger_moe' cannot run here: it needs a CUDA GPU; use grouped_mm"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
     ],
 )

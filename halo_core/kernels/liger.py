@@ -29,6 +29,17 @@ def register() -> None:
     ALL_EXPERTS_FUNCTIONS.register(EXPERTS_IMPLEMENTATION, liger_moe_experts)
 
 
+def unavailable_reason() -> str | None:
+    """Why ``liger_moe`` cannot run here, or ``None``."""
+    if not torch.cuda.is_available():
+        return "it needs a CUDA GPU"
+    try:
+        import liger_kernel.ops.fused_moe  # noqa: F401
+    except ImportError as exc:
+        return f"liger-kernel is not importable ({exc}); pip install 'halo-core[gpu]'"
+    return None
+
+
 def check_experts(model) -> None:
     """Refuse experts whose layout Liger's fused MoE does not compute."""
     for name, module in model.named_modules():

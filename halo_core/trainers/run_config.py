@@ -161,6 +161,8 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
             f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
             f"(it supports {sorted(method_splits)}); set those sizes to 1"
         )
+    if run.halo.experts_implementation is not None:
+        _check_experts_implementation(run)
     if dims.ep > 1:
         from halo_core.parallel.dispatch import available_dispatchers
 
@@ -207,6 +209,20 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     if experts and dims.ep > 1 and experts % dims.ep:
         raise ConfigError(f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide")
     return {"dims": dims, "model_type": model_type, "family": record.name if record else None}
+
+
+def _check_experts_implementation(run: RunConfig) -> None:
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    from halo_core.kernels import liger
+    from halo_core.parallel.expert_parallel import IMPLEMENTATION
+
+    name = run.halo.experts_implementation
+    known = sorted({*ALL_EXPERTS_FUNCTIONS.valid_keys(), "eager", liger.EXPERTS_IMPLEMENTATION} - {IMPLEMENTATION})
+    if name not in known:
+        raise ConfigError(f"{run.source}: experts_implementation {name!r} is unknown; choose one of {known} (or leave it empty for the model's default)")
+    if name == liger.EXPERTS_IMPLEMENTATION and liger.unavailable_reason():
+        raise ConfigError(f"{run.source}: experts_implementation {name!r} cannot run here: {liger.unavailable_reason()}; use grouped_mm")
 
 
 def _model_config(run: RunConfig):

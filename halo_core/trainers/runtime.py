@@ -48,7 +48,8 @@ def build_model(halo: HaloArguments, args):
         torch.manual_seed(args.seed)
         with device:
             model = model_class_for(config).from_config(config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
-        if experts == liger.EXPERTS_IMPLEMENTATION:
-            liger.check_experts(model)
-        return model
-    return from_pretrained(halo.model_name_or_path, halo.parallel_config(), dtype=dtype, device=device, experts_implementation=experts)
+    else:
+        model = from_pretrained(halo.model_name_or_path, halo.parallel_config(), dtype=dtype, device=device, experts_implementation=experts)
+    if experts == liger.EXPERTS_IMPLEMENTATION:
+        liger.check_experts(model)
+    return model
