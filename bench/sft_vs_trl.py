@@ -3,6 +3,10 @@
     python3 bench/sft_vs_trl.py --out sft_vs_trl.json                       # default rows, one GPU
     python3 bench/sft_vs_trl.py --nproc 2 --batch 2 --variants trl-bf16+fsdp halo-ep1 halo-ep2
     python3 bench/sft_vs_trl.py --profile halo-ep1 --out profile.json       # where a step's time goes
+    python3 bench/sft_vs_trl.py --config bench/configs/qwen3-dense-1b.config.json --variants trl-bf16 halo-ep1   # dense row
+    python3 bench/sft_vs_trl.py --dataset templates/tiny/data/arithmetic.jsonl --packing --steps 200 --lr 1e-4 \
+        --losses --variants trl-fp32-autocast halo-ep1 --out convergence.json            # loss curves
+    python3 bench/plot_convergence.py convergence.json --out agent-docs/img/convergence.png
 
 A variant is a base and options joined by ``+``:
 
@@ -17,7 +21,9 @@ A variant is a base and options joined by ``+``:
 
 Each variant runs in its own processes (a fresh CUDA context), ``--repeats`` times, in turn.
 Workload: the standard benchmark config (``configs/qwen3-moe-3b.config.json``: Qwen3-MoE,
-64 experts top-8, vocab 151,936), random init, random sequences of exactly ``--seq`` tokens,
+64 experts top-8, vocab 151,936; ``--config`` for another, e.g. the dense
+``configs/qwen3-dense-1b.config.json``), random init, random sequences of exactly ``--seq``
+tokens (``--dataset`` for a real one, with the embedded tokenizer; ``--losses`` keeps every step's loss),
 ``--batch`` per GPU, gradient checkpointing on, sdpa attention, aux loss off; ``--steps``
 steps, the first 5 dropped, the median kept. TRL rows time each optimizer step (CUDA-synced
 callback); Halo rows report the trainer's own logged tokens/s per device at
@@ -43,7 +49,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-CONFIG = HERE / "configs" / "qwen3-moe-3b.config.json"
+DEFAULT_CONFIG = HERE / "configs" / "qwen3-moe-3b.config.json"
 TOKENIZER = HERE.parent / "templates" / "tiny" / "model"
 WARMUP = 5
 
@@ -65,8 +71,11 @@ def flops_per_token(config, seq: int) -> float:
     h, layers = config["hidden_size"], config["num_hidden_layers"]
     heads, kv, d = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     attention = h * (heads * d) * 2 + h * (kv * d) * 2
-    experts = config["num_experts_per_tok"] * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
-    active = layers * (attention + experts) + h * config["vocab_size"]  # lm_head included, embeddings not
+    if "num_experts" in config:  # top-k experts and the router
+        mlp = config["num_experts_per_tok"] * 3 * h * config["moe_intermediate_size"] + h * config["num_experts"]
+    else:
+        mlp = 3 * h * config["intermediate_size"]
+    active = layers * (attention + mlp) + h * config["vocab_size"]  # lm_head included, embeddings not
     causal_attention = layers * 2 * 2 * heads * d * seq / 2 * 3  # QK^T and PV, causal half, fwd + bwd
     return 6 * active + causal_attention
 
@@ -83,15 +92,18 @@ def parse(variant: str) -> dict:
     }
 
 
-def prepare(workdir: Path, seq: int, rows: int) -> None:
-    """A model folder (the benchmark config and the tiny tokenizer) and a file of random token rows."""
+def prepare(workdir: Path, config: Path, seq: int, rows: int, dataset: Path | None) -> None:
+    """A model folder (the benchmark config and the tiny tokenizer) and the data: ``dataset``, or random token rows."""
     model = workdir / "model"
     model.mkdir(parents=True, exist_ok=True)
-    shutil.copy(CONFIG, model / "config.json")
+    shutil.copy(config, model / "config.json")
     for name in os.listdir(TOKENIZER):
-        if name.startswith("tokenizer") or name == "special_tokens_map.json":
+        if name.startswith("tokenizer") or name in ("special_tokens_map.json", "chat_template.jinja"):
             shutil.copy(TOKENIZER / name, model / name)
-    vocab = json.loads(CONFIG.read_text())["vocab_size"]
+    if dataset is not None:
+        shutil.copy(dataset, workdir / "data.jsonl")
+        return
+    vocab = json.loads(config.read_text())["vocab_size"]
     generator = torch.Generator().manual_seed(0)
     with open(workdir / "data.jsonl", "w") as f:
         for _ in range(rows):
@@ -101,12 +113,14 @@ def prepare(workdir: Path, seq: int, rows: int) -> None:
 def trainer_fields(spec: dict, args, output_dir: Path) -> dict:
     fields = {
         "output_dir": str(output_dir), "max_steps": args.steps, "per_device_train_batch_size": args.batch,
-        "gradient_checkpointing": spec["checkpointing"], "bf16": True, "learning_rate": 1e-5, "logging_steps": 1,
+        "gradient_checkpointing": spec["checkpointing"], "bf16": True, "learning_rate": args.lr, "logging_steps": 1,
         "save_strategy": "no", "report_to": "none", "max_length": args.seq, "router_aux_loss_coef": 0.0,
         "dataloader_num_workers": 0, "disable_tqdm": True, "seed": 0,
     }
     if spec["liger"]:
         fields["use_liger_kernel"] = True
+    if args.packing:
+        fields["packing"] = True
     if spec["fsdp"]:
         fields["fsdp"] = "full_shard"
         fields["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["Qwen3MoeDecoderLayer"]}
@@ -138,7 +152,7 @@ def halo_result(output: str, seq: int, batch: int) -> dict:
     rate = statistics.median(rates)
     return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates),
             "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs),
-            "loss_first_last": [float(logs[0]["loss"]), float(logs[-1]["loss"])]}
+            "losses": [float(log["loss"]) for log in logs]}
 
 
 def trl_worker(variant: str, args, workdir: Path) -> None:
@@ -159,7 +173,11 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
 
     class StepTimer(TrainerCallback):
         def __init__(self):
-            self.times, self.last, self.profiler = [], None, None
+            self.times, self.last, self.profiler, self.losses = [], None, None, []
+
+        def on_log(self, args_, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                self.losses.append(float(logs["loss"]))
 
         def on_step_begin(self, args_, state, control, **kwargs):
             torch.cuda.synchronize()
@@ -180,7 +198,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
     timer = StepTimer()
     fields = trainer_fields(spec, args, workdir / "out" / variant)
     fields.pop("disable_tqdm")
-    sft_args = SFTConfig(**{**fields, "logging_steps": 1000})
+    sft_args = SFTConfig(**{**fields, "logging_steps": 1 if args.losses else 1000})  # logging costs TRL time: only when asked
     if spec["halo"]:
         from halo_core import ParallelConfig
         from halo_core.trainers.sft import HaloSFTTrainer
@@ -193,7 +211,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
     if rank == 0:
         step = statistics.median(timer.times[WARMUP:])
         row = {"tokens_per_s": round(args.seq * args.batch / step), "median_step_s": round(step, 4), "steps_timed": len(timer.times[WARMUP:]),
-               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "optimizer": type(trainer.optimizer).__name__}
+               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "optimizer": type(trainer.optimizer).__name__, "losses": timer.losses}
         (workdir / f"{variant}.row.json").write_text(json.dumps(row))
 
 
@@ -207,7 +225,8 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
         command = halo_command(variant, spec, args, workdir)
     else:
         script = [str(Path(__file__).resolve()), "--worker", variant, "--workdir", str(workdir), "--seq", str(args.seq),
-                  "--steps", str(args.steps), "--batch", str(args.batch)] + (["--profile", variant] if args.profile else [])
+                  "--steps", str(args.steps), "--batch", str(args.batch), "--lr", str(args.lr)]
+        script += (["--profile", variant] if args.profile else []) + (["--losses"] if args.losses else []) + (["--packing"] if args.packing else [])
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
         command = launcher + script
     started = time.perf_counter()
@@ -218,7 +237,7 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
     return {"variant": variant, **row, "wall_s": round(time.perf_counter() - started, 1)}
 
 
-def check_kernels() -> dict:
+def check_kernels(config_path: Path) -> dict:
     """GPU equivalence of the kernels Halo can switch on, against transformers' own path, on this GPU."""
     from transformers import AutoConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
@@ -226,7 +245,7 @@ def check_kernels() -> dict:
     from halo_core.kernels import liger
 
     liger.register()
-    config = AutoConfig.from_pretrained(CONFIG)
+    config = AutoConfig.from_pretrained(config_path)
     torch.manual_seed(0)
     experts = Qwen3MoeExperts(config).cuda().to(torch.bfloat16)
     torch.nn.init.normal_(experts.gate_up_proj, std=0.02)
@@ -256,6 +275,11 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the model's config.json (random init)")
+    parser.add_argument("--dataset", type=Path, help="a .jsonl dataset (default: random token rows)")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--losses", action="store_true", help="keep every step's loss (TRL rows then log every step too)")
+    parser.add_argument("--packing", action="store_true", help="pack the dataset's documents into --seq-token rows")
     parser.add_argument("--profile", help="profile this one variant in-process (steps 6-7) instead of timing rows")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/halo-bench"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -263,12 +287,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return trl_worker(args.worker, args, args.workdir)
-    prepare(args.workdir, args.seq, args.steps * args.batch * args.nproc + 8)
+    prepare(args.workdir, args.config, args.seq, args.steps * args.batch * args.nproc + 8, args.dataset)
     rate = matmul_rate()
     torch.cuda.empty_cache()
-    config = json.loads(CONFIG.read_text())
+    config = json.loads(args.config.read_text())
     print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
-    checks = check_kernels() if any("liger-moe" in v for v in args.variants) and not args.profile else {}
+    checks = check_kernels(args.config) if any("liger-moe" in v for v in args.variants) and not args.profile else {}
     if checks:
         print(f"kernel checks (relative error, bf16): {json.dumps(checks)}", flush=True)
     variants = [args.profile] if args.profile else args.variants
