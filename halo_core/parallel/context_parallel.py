@@ -123,23 +123,37 @@ def _additive_mask(module: nn.Module, mask: torch.Tensor | None, query: torch.Te
 
 
 def ulysses_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
-    """The ``halo_ulysses`` attention implementation (same signature and result as transformers')."""
+    """The ``halo_ulysses`` attention implementation (same signature and result as transformers'):
+    this TP rank's heads, then the CP exchange the shard asks for (none, Ulysses or ring)."""
     shard: ContextShard = module._halo_cp
     if kwargs.get("s_aux") is not None:  # per-head sinks handed to non-eager implementations
         kwargs["s_aux"] = _local(kwargs["s_aux"])
-    if shard.mode == "ring" and shard.size > 1:
-        sinks = kwargs.pop("s_aux", None)
-        if sinks is None and "sinks" in _LocalHeads(module, slice(None))._per_head:
-            sinks = _LocalHeads(module, slice(None)).sinks
-        documents = sequence_documents(kwargs.get("position_ids"), shard.group, shard.size)
-        if documents is not None:
-            length = query.shape[2]
-            documents = documents[:, shard.rank * length : (shard.rank + 1) * length].contiguous()
-        return ring_attention(module, query, key, value, shard, sinks, documents, **kwargs)
-    if shard.size == 1:  # tensor parallelism alone: local heads, nothing to exchange
-        if shard.needs_mask:
-            attention_mask = _additive_mask(module, attention_mask, query)
-        return shard.inner(_LocalHeads(module, slice(None)), query, key, value, attention_mask, **kwargs)
+    if shard.size == 1:
+        return _local_heads(module, shard, query, key, value, attention_mask, **kwargs)
+    if shard.mode == "ring":
+        return _ring(module, shard, query, key, value, **kwargs)
+    return _ulysses(module, shard, query, key, value, **kwargs)
+
+
+def _local_heads(module, shard: ContextShard, query, key, value, attention_mask, **kwargs):
+    """Tensor parallelism alone: the model's mask, this rank's heads, nothing to exchange."""
+    if shard.needs_mask:
+        attention_mask = _additive_mask(module, attention_mask, query)
+    return shard.inner(_LocalHeads(module, slice(None)), query, key, value, attention_mask, **kwargs)
+
+
+def _ring(module, shard: ContextShard, query, key, value, **kwargs):
+    sinks = kwargs.pop("s_aux", None)
+    if sinks is None:
+        sinks = _LocalHeads(module, slice(None))._per_head.get("sinks")
+    documents = sequence_documents(kwargs.get("position_ids"), shard.group, shard.size)
+    if documents is not None:
+        length = query.shape[2]
+        documents = documents[:, shard.rank * length : (shard.rank + 1) * length].contiguous()
+    return ring_attention(module, query, key, value, shard, sinks, documents, **kwargs)
+
+
+def _ulysses(module, shard: ContextShard, query, key, value, **kwargs):
     documents = sequence_documents(kwargs.get("position_ids"), shard.group, shard.size)
     q, k, v = (_gather_sequence(t, shard.size, shard.group) for t in (query, key, value))
     needs_mask = shard.needs_mask or getattr(module, "sliding_window", None) or documents is not None

@@ -30,7 +30,8 @@ class ModelLayout:
         """Process group of a mesh dimension, or of a named set of them:
 
         ``"dp"``: the ranks holding different data (all but ``tp``); ``"expert_replicas"``: the
-        ranks holding the same experts; ``"sample"``: the ranks sharing one sample (``cp`` x ``tp``).
+        ranks holding the same experts; ``"expert_whole"``: those plus the ETP group (for expert
+        parameters ETP keeps whole); ``"sample"``: the ranks sharing one sample (``cp`` x ``tp``).
         """
         if self.mesh is None:
             return None
