@@ -26,8 +26,9 @@ Workload: the standard benchmark config (``configs/qwen3-moe-3b.config.json``: Q
 tokens (``--dataset`` for a real one, with the embedded tokenizer; ``--losses`` keeps every step's loss),
 ``--batch`` per GPU, gradient checkpointing on, sdpa attention, aux loss off; ``--steps``
 steps, the first 5 dropped, the median kept. TRL rows time each optimizer step (CUDA-synced
-callback); Halo rows report the trainer's own logged tokens/s per device at
-``logging_steps=1`` (log to log, so a little pessimistic for Halo). Peak memory is
+callback); Halo rows report the trainer's own logged tokens/s per device, log to log, at
+``logging_steps=1`` (so a little pessimistic for Halo: TRL computes and gathers its metrics
+at every log; ``--halo-log-every 5`` logs, and so averages, over five steps). Peak memory is
 ``torch.cuda.max_memory_allocated`` (weights included). MFU = (6 x active non-embedding
 parameters including lm_head + causal attention FLOPs) per token x tokens/s / the bf16
 matmul rate measured at the start on the same GPU.
@@ -136,6 +137,7 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
     run = {
         "model_name_or_path": str(workdir / "model"), "random_init": True, "dataset": [{"path": str(workdir / "data.jsonl")}],
         "expert_parallel_size": spec["ep"], **trainer_fields(spec, args, workdir / "out" / variant),
+        "logging_steps": 1 if args.losses else args.halo_log_every,
     }
     if spec["liger_moe"]:
         run["experts_implementation"] = "liger_moe"
@@ -144,13 +146,15 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
     return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
 
 
-def halo_result(output: str, seq: int, batch: int) -> dict:
+def halo_result(output: str, seq: int, batch: int, every: int) -> dict:
+    """The median over the logs after warm-up of the trainer's tokens/s, each the average of ``every`` steps."""
     logs = [ast.literal_eval(line) for line in output.splitlines() if line.startswith("{") and "tokens_per_second_per_device" in line]
-    if len(logs) <= WARMUP:
-        raise RuntimeError(f"expected per-step logs, got {len(logs)}:\n{output[-3000:]}")
-    rates = [float(log["tokens_per_second_per_device"]) for log in logs[WARMUP:]]
+    skip = -(-WARMUP // every)  # logs covering a warm-up step
+    if len(logs) <= skip:
+        raise RuntimeError(f"expected a log every {every} steps, got {len(logs)}:\n{output[-3000:]}")
+    rates = [float(log["tokens_per_second_per_device"]) for log in logs[skip:]]
     rate = statistics.median(rates)
-    return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates),
+    return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates) * every,
             "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs),
             "losses": [float(log["loss"]) for log in logs]}
 
@@ -233,7 +237,10 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
     if done.returncode:
         return {"variant": variant, "error": (done.stdout + done.stderr)[-2500:]}
-    row = halo_result(done.stdout, args.seq, args.batch) if spec["halo"] and not args.profile else json.loads((workdir / f"{variant}.row.json").read_text())
+    if spec["halo"] and not args.profile:
+        row = halo_result(done.stdout, args.seq, args.batch, 1 if args.losses else args.halo_log_every)
+    else:
+        row = json.loads((workdir / f"{variant}.row.json").read_text())
     return {"variant": variant, **row, "wall_s": round(time.perf_counter() - started, 1)}
 
 
@@ -280,6 +287,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--losses", action="store_true", help="keep every step's loss (TRL rows then log every step too)")
     parser.add_argument("--packing", action="store_true", help="pack the dataset's documents into --seq-token rows")
+    parser.add_argument("--halo-log-every", type=int, default=1, help="Halo rows' logging_steps (their throughput is log to log)")
     parser.add_argument("--profile", help="profile this one variant in-process (steps 6-7) instead of timing rows")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/halo-bench"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)

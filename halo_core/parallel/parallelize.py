@@ -65,7 +65,8 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     heads_cp = dims.cp if config.cp_attention == "ulysses" else 1  # Ulysses scatters heads, ring keeps them
     if dims.tp > 1:
         tensor_parallel.check_heads(model.config, dims.tp, heads_cp)
-        tensor_parallel.resolve_plan(model, record.family)
+        if "shard_tp" not in registry.overridden_hooks(record):  # the core's TP needs a plan it can apply
+            tensor_parallel.resolve_plan(model, record.family)
     elif heads_cp > 1:
         context_parallel.check_heads(model.config, heads_cp)
 
