@@ -11,12 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from halo_core.family import SPLITS
+from halo_core.matrix import SPLIT_ORDER as _SPLIT_ORDER, split_marks
 from halo_core.registry import PluginRecord, Registry, discover, strict_from_env
 
 app = typer.Typer(help="Model families: installed plugins and what they support.", no_args_is_help=True)
 console = Console()
 
-_SPLIT_ORDER = ("ep", "cp", "tp", "etp")
 UNCLAIMED_FOOTER = "Model types no plugin claims (dense Llama, Qwen3, ...) train through the plain FSDP2 route."
 
 
@@ -44,7 +44,7 @@ def _table(registry: Registry) -> Table:
         table.add_column(column)
     for record in registry.records:
         row = record.as_json()
-        marks = ["yes" if s in row["splits"] else "-" for s in _SPLIT_ORDER]
+        marks = split_marks(registry, record, quote="") if record.ok else ["-"] * len(_SPLIT_ORDER)
         status = "[green]ok[/]" if record.ok else f"[red]broken[/]: {row['error']}"
         table.add_row(row["name"], row["distribution"], row["version"], ", ".join(row["model_types"]), *marks, status)
     if not registry.records:

@@ -29,3 +29,12 @@ def test_lines_of_code_skip_blanks_comments_and_docstrings():
 
     source = '"""Module doc\\nspanning lines."""\n\n# a comment\nimport os  # trailing\n\n\ndef f():\n    """Doc."""\n    return (1,\n            2)\n'
     assert lines_of_code(source) == 4
+
+
+def test_a_split_only_some_model_types_have_is_named_per_type():
+    from halo_core.matrix import split_marks
+    from halo_core.registry import discover
+
+    registry = discover(strict=False)
+    # GLM-4.7-Flash's latent attention has no TP plan: its plugin drops tp for that model type only
+    assert split_marks(registry, registry.by_name("glm4-moe")) == ["yes", "yes", "`glm4_moe`", "yes"]
