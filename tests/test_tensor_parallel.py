@@ -71,3 +71,30 @@ def test_etp_must_divide_the_intermediate_size():
     experts = tiny_model("qwen3_moe").model.layers[0].mlp.experts
     with pytest.raises(LayoutError, match="intermediate size 16 is not divisible by expert_tensor_parallel_size etp=3"):
         check_divisible(experts, 3, "model.layers.0.mlp.experts")
+
+
+def _load_into_layouts(rank, world, folder, model_type, overrides):
+    import torch.distributed as dist
+
+    from halo_core import ParallelConfig, from_pretrained, full_state_dict
+    from halo_core.testing.compare import assert_close
+
+    reference = tiny_model(model_type, overrides, seed=5)
+    if rank == 0:
+        reference.save_pretrained(folder)
+    dist.barrier()
+    ids = torch.randint(0, reference.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))  # the same on TP peers
+    for layout in ({"ep": 2, "tp": 2}, {"ep": 2, "etp": 2}):
+        model = from_pretrained(folder, ParallelConfig(**layout))
+        assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, f"rank {rank}: logits after loading into {layout}")
+        state = full_state_dict(model)
+        if rank == 0:
+            for name, tensor in reference.state_dict().items():
+                assert_close(state[name], tensor, f"{name} after loading into {layout} and gathering")
+
+
+@pytest.mark.parametrize("model_type, overrides", [("qwen3_moe", {}), ("gpt_oss", {"attn_implementation": "eager"})], ids=["per-expert-tensors", "fused-experts"])
+def test_a_checkpoint_loads_into_tp_and_etp_layouts_and_gathers_back(tmp_path, model_type, overrides):
+    from halo_core.testing.spawn import spawn
+
+    spawn(_load_into_layouts, 4, str(tmp_path), model_type, overrides)
