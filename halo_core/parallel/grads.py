@@ -70,6 +70,12 @@ def _duplicated_over(kind: str, param: torch.Tensor, layout: ModelLayout) -> tup
     return tuple(d for d in MESH_DIMS if d not in split)
 
 
+def replicated_dims(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """Per trainable parameter: the mesh dimensions along which ranks must hold identical local tensors."""
+    layout = layout_of(model)
+    return {name: _duplicated_over(kind, param, layout) for name, param, kind in _kinds(model, layout)}
+
+
 @torch.no_grad()
 def sync_gradients(model: nn.Module) -> None:
     """Average gradients over data-parallel ranks; call after backward, before clipping and the optimizer step."""
