@@ -62,13 +62,9 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
         dims.check_experts(expert_parallel.count_experts(experts), name)
         if dims.etp > 1:
             expert_tensor_parallel.check_divisible(experts, dims.etp, f"{name}.{record.family.experts}")
-    heads_cp = dims.cp if config.cp_attention == "ulysses" else 1  # Ulysses scatters heads, ring keeps them
-    if dims.tp > 1:
-        tensor_parallel.check_heads(model.config, dims.tp, heads_cp)
-        if "shard_tp" not in registry.overridden_hooks(record):  # the core's TP needs a plan it can apply
-            tensor_parallel.resolve_plan(model, record.family)
-    elif heads_cp > 1:
-        context_parallel.check_heads(model.config, heads_cp)
+    tensor_parallel.check_head_split(model.config, dims.tp, dims.cp, config.cp_attention)
+    if dims.tp > 1 and "shard_tp" not in registry.overridden_hooks(record):  # the core's TP needs a plan it can apply
+        tensor_parallel.resolve_plan(model, record.family)
 
     mesh = build_mesh(dims, _device_type(model, device_type))
     dispatcher = dispatcher_class(mesh.get_group("ep")) if dispatcher_class else None

@@ -102,6 +102,17 @@ def apply_tensor_parallel(model: nn.Module, family, tp_mesh, plan: Mapping[str, 
     return model
 
 
+def check_head_split(config, tp: int, cp: int, cp_attention: str) -> None:
+    """The one rule for heads: TP splits them, Ulysses CP scatters each TP rank's over ``cp``, ring keeps them."""
+    from halo_core.parallel import context_parallel
+
+    heads_cp = cp if cp_attention == "ulysses" else 1
+    if tp > 1:
+        check_heads(config, tp, heads_cp)
+    elif heads_cp > 1:
+        context_parallel.check_heads(config, heads_cp)
+
+
 def check_heads(config, tp: int, cp: int) -> None:
     """TP splits heads, and Ulysses CP then scatters each TP rank's heads: both head counts must divide by ``tp * cp``."""
     text = _text_config(config)

@@ -136,18 +136,20 @@ def _check_replicas(model, where: str) -> None:
     """Ranks meant to hold the same copy of a parameter (TP-replicated, ETP-whole, without FSDP every
     replica) hold the same values after the step: rank 0's state dict cannot speak for the others."""
     from halo_core.parallel.grads import replicated_dims
+    from halo_core.parallel.layout_state import layout_of
     from halo_core.parallel.mesh import flat_group
 
-    layout = model._halo_layout
+    mesh = layout_of(model).mesh
     params = dict(model.named_parameters())
     for name, dims in replicated_dims(model).items():
-        dims = tuple(d for d in dims if layout.mesh.size(layout.mesh.mesh_dim_names.index(d)) > 1)
+        dims = tuple(d for d in dims if mesh[d].size() > 1)
         if not dims:
             continue
         local = params[name].detach()
         local = local.to_local() if hasattr(local, "to_local") else local
-        copies = [torch.empty_like(local) for _ in range(layout.mesh[dims].size() if len(dims) > 1 else layout.mesh.size(layout.mesh.mesh_dim_names.index(dims[0])))]
-        dist.all_gather(copies, local.contiguous(), group=flat_group(layout.mesh, dims))
+        group = flat_group(mesh, dims)
+        copies = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(copies, local.contiguous(), group=group)
         for index, copy_ in enumerate(copies):
             # the same arithmetic on the same inputs: copies agree to the last bit (1e-7 leaves room for none else)
             assert_close(copy_, local, f"{where}: {name} differs from its copy on rank {index} of its {'x'.join(dims)} group after one step", rtol=1e-7)

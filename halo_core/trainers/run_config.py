@@ -189,14 +189,10 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
                 f"{model_type!r}, not {', '.join(f'{s}={asked[s]}' for s in sorted(missing))}; set those sizes to 1"
             )
     if dims.cp * dims.tp > 1 and model_config is not None:
-        from halo_core.parallel import context_parallel, tensor_parallel
+        from halo_core.parallel.tensor_parallel import check_head_split
 
-        heads_cp = dims.cp if run.halo.context_parallel_attention == "ulysses" else 1  # ring keeps every head
         try:
-            if dims.tp > 1:
-                tensor_parallel.check_heads(model_config, dims.tp, heads_cp)
-            elif heads_cp > 1:
-                context_parallel.check_heads(model_config, heads_cp)
+            check_head_split(model_config, dims.tp, dims.cp, run.halo.context_parallel_attention)
         except HaloError as exc:
             raise ConfigError(f"{run.source}: {exc}") from None
     intermediate = next((getattr(model_config, f) for f in ("moe_intermediate_size", "intermediate_size") if getattr(model_config, f, None)), None)
