@@ -122,3 +122,43 @@ def test_optimizer_state_is_half_of_fp32_adamw():
 def test_bad_hyper_parameters_are_refused():
     with pytest.raises(ValueError, match="invalid hyper-parameters lr=-1"):
         AdamWBF16([torch.nn.Parameter(torch.zeros(1))], lr=-1)
+
+
+def test_a_gradient_scale_applies_to_the_next_step_only():
+    torch.manual_seed(0)
+    start = torch.randn(64, 16)
+    scaled, handed = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    by_hand, folded = AdamWBF16([scaled], lr=1e-2, seed=3), AdamWBF16([handed], lr=1e-2, seed=3)
+    for step in range(3):
+        grad = torch.randn(64, 16, generator=torch.Generator().manual_seed(step))
+        scaled.grad = grad * 0.3 if step == 1 else grad.clone()
+        handed.grad = grad.clone()
+        if step == 1:
+            folded.scale_next_gradients(torch.tensor([0.3]))
+        by_hand.step()
+        folded.step()
+        assert torch.equal(handed, scaled), step
+    assert torch.equal(handed.grad, grad)  # the gradient itself is left as it was
+
+
+def test_clipping_through_adamw_bf16_equals_clipping_the_gradients():
+    from halo_core import ParallelConfig, parallelize
+    from halo_core.parallel.grads import clip_grad_norm_
+    from halo_core.tiny import tiny_model
+    from halo_core.trainers.parts.optimizer import clip_gradients
+
+    models = [parallelize(tiny_model("qwen3_moe", seed=4), ParallelConfig()) for _ in range(2)]
+    generator = torch.Generator().manual_seed(9)
+    for a, b in zip(*(m.parameters() for m in models)):
+        a.grad = torch.randn(a.shape, generator=generator)
+        b.grad = a.grad.clone()
+    optimizers = [AdamWBF16(m.parameters(), lr=1e-2, weight_decay=0.1) for m in models]
+    expected_norm = torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in models[0].parameters()]))
+    norm_in_place = clip_grad_norm_(models[0], 0.5)
+    norm_folded = clip_gradients(models[1], optimizers[1], 0.5)
+    assert norm_folded > 0.5 and torch.allclose(norm_folded, expected_norm, rtol=1e-5)
+    assert torch.equal(norm_in_place, norm_folded)
+    for optimizer in optimizers:
+        optimizer.step()
+    for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
+        assert torch.equal(a, b), name

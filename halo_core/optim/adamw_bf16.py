@@ -10,6 +10,10 @@ rounding error of each parameter (2 more bytes a parameter) for fp32-like accura
 
 On CUDA tensors the fused Triton kernel (``adamw_bf16_triton``) runs the same arithmetic
 with the same random bits; elsewhere this file's PyTorch implementation does.
+
+``scale_next_gradients`` lets gradient clipping hand its factor to the next step instead of
+multiplying every gradient in place: the kernel reads the gradient anyway, so clipping then
+costs one read of the gradients (the norm) rather than three.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ class AdamWBF16(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, kahan=kahan))
         self.seed = seed
         self.use_triton = use_triton
+        self._gradient_scale: torch.Tensor | None = None
+
+    def scale_next_gradients(self, scale: torch.Tensor) -> None:
+        """Multiply every gradient by ``scale`` (a one-element tensor, left on its device) in the next ``step`` only.
+
+        The ``.grad`` tensors themselves are not changed.
+        """
+        self._gradient_scale = scale.reshape(()).float()
 
     def _state(self, param: torch.Tensor, kahan: bool) -> dict:
         state = self.state[param]
@@ -54,6 +66,7 @@ class AdamWBF16(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         index = 0
+        scale, self._gradient_scale = self._gradient_scale, None
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for param in group["params"]:
@@ -77,29 +90,30 @@ class AdamWBF16(torch.optim.Optimizer):
                 )
                 tensors = [_local(param), _local(param.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"])]
                 compensation = _local(state["compensation"]) if "compensation" in state else None
-                self._update(tensors, compensation, keys, hyper)
+                gradient_scale = None if scale is None else scale.to(tensors[0].device)
+                self._update(tensors, compensation, gradient_scale, keys, hyper)
         return loss
 
-    def _update(self, tensors, compensation, keys, hyper) -> None:
+    def _update(self, tensors, compensation, gradient_scale, keys, hyper) -> None:
         use_triton = self.use_triton if self.use_triton is not None else tensors[0].is_cuda
         if use_triton:
             from halo_core.optim.adamw_bf16_triton import fused_update
 
-            fused_update(*tensors, compensation, keys, **hyper)
+            fused_update(*tensors, compensation, gradient_scale, keys, **hyper)
         else:
-            reference_update(*tensors, compensation, keys, **hyper)
+            reference_update(*tensors, compensation, gradient_scale, keys, **hyper)
 
 
 def _store(target: torch.Tensor, value: torch.Tensor, key: int) -> None:
     target.copy_(stochastic_round(value, key) if target.dtype == torch.bfloat16 else value)
 
 
-def reference_update(param, grad, exp_avg, exp_avg_sq, compensation, keys, *, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt) -> None:
+def reference_update(param, grad, exp_avg, exp_avg_sq, compensation, gradient_scale, keys, *, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt) -> None:
     """One AdamW step on one tensor in fp32 (decoupled weight decay), stored back with stochastic rounding."""
     p = param.float()
     if compensation is not None:
         p = p + compensation.float()
-    g = grad.float()
+    g = grad.float() if gradient_scale is None else grad.float() * gradient_scale
     m = exp_avg.float() * beta1 + g * one_minus_beta1
     v = exp_avg_sq.float() * beta2 + g * g * one_minus_beta2
     p = p * decay

@@ -34,14 +34,15 @@ def _stochastic_round(value, offsets, key):
     return tl.where(finite, rounded, value).to(tl.bfloat16)
 
 
-# Per-call integers are not specialised on: a new (size, keys) combination would otherwise mean a
-# new compilation, dozens of them spread over the first training steps.
-@triton.jit(do_not_specialize=["n", "key_p", "key_m", "key_v"])
+# The random keys change every step and are not specialised on (each new combination would compile
+# again). The size is: Triton then knows whether it divides by 16 and loads 16 bytes at a time; without
+# that the kernel ran at half the bandwidth (two variants at most, compiled in the first step).
+@triton.jit(do_not_specialize=["key_p", "key_m", "key_v"])
 def _adamw_bf16_kernel(
-    p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, n,
+    p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, scale_ptr, n,
     beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt,
     key_p, key_m, key_v,
-    HAS_COMPENSATION: tl.constexpr, P_BF16: tl.constexpr, M_BF16: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_COMPENSATION: tl.constexpr, HAS_SCALE: tl.constexpr, P_BF16: tl.constexpr, M_BF16: tl.constexpr, BLOCK: tl.constexpr,
 ):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -49,6 +50,8 @@ def _adamw_bf16_kernel(
     if HAS_COMPENSATION:
         p = p + tl.load(c_ptr + offsets, mask=mask).to(tl.float32)
     g = tl.load(g_ptr + offsets, mask=mask).to(tl.float32)
+    if HAS_SCALE:
+        g = g * tl.load(scale_ptr)
     m = tl.load(m_ptr + offsets, mask=mask).to(tl.float32) * beta1 + g * one_minus_beta1
     v = tl.load(v_ptr + offsets, mask=mask).to(tl.float32) * beta2 + g * g * one_minus_beta2
     p = p * decay
@@ -69,15 +72,16 @@ def _adamw_bf16_kernel(
         tl.store(v_ptr + offsets, v, mask=mask)
 
 
-def fused_update(param, grad, exp_avg, exp_avg_sq, compensation, keys, **hyper) -> None:
+def fused_update(param, grad, exp_avg, exp_avg_sq, compensation, gradient_scale, keys, **hyper) -> None:
     for tensor in (param, grad, exp_avg, exp_avg_sq):
         if not tensor.is_contiguous():
             raise ValueError("AdamWBF16's Triton kernel needs contiguous parameters, gradients and states")
     n = param.numel()
     _adamw_bf16_kernel[(triton.cdiv(n, BLOCK),)](
-        param, grad, exp_avg, exp_avg_sq, compensation if compensation is not None else param, n,
+        param, grad, exp_avg, exp_avg_sq, compensation if compensation is not None else param,
+        gradient_scale if gradient_scale is not None else param, n,
         hyper["beta1"], hyper["one_minus_beta1"], hyper["beta2"], hyper["one_minus_beta2"], hyper["eps"],
         hyper["decay"], hyper["step_size"], hyper["bias_correction2_sqrt"], *keys,
-        HAS_COMPENSATION=compensation is not None, P_BF16=param.dtype == torch.bfloat16,
+        HAS_COMPENSATION=compensation is not None, HAS_SCALE=gradient_scale is not None, P_BF16=param.dtype == torch.bfloat16,
         M_BF16=exp_avg.dtype == torch.bfloat16, BLOCK=BLOCK,
     )

@@ -108,33 +108,46 @@ def sync_gradients(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-    """Clip like ``torch.nn.utils.clip_grad_norm_`` on the whole model; return the global norm on every rank.
+def global_grad_norm(model: nn.Module) -> torch.Tensor:
+    """The 2-norm of the whole model's gradient, on every rank, left on the device (no host sync).
 
     Each element of the model counts once: a rank adds the squares of its local gradient
     only where it is the first of the ranks holding the same elements (first along every
     mesh dimension the parameter is replicated over), and the sum runs over the world.
     """
-    if norm_type != 2.0:
-        raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
     layout = layout_of(model)
     coords = layout.coordinates()
-    grads, owned = [], []
+    owned, device = [], None
     for _, param, kind in _kinds(model, layout):
         if param.grad is None:
             continue
-        grads.append(_local(param.grad))
+        device = param.grad.device
         if not layout.is_distributed or all(coords[_COORD[d]] == 0 for d in _duplicated_over(kind, param, layout)):
-            owned.append(grads[-1])
-    device = grads[0].device if grads else torch.device("cpu")
+            owned.append(_local(param.grad))
     squares = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) ** 2 for g in owned]
-    total_squares = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    total_squares = torch.stack(squares).sum() if squares else torch.zeros((), device=device or "cpu")
     if layout.is_distributed:
         dist.all_reduce(total_squares)
-    total = torch.sqrt(total_squares)
-    scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    for grad in grads:
-        grad.mul_(scale.to(grad.dtype))
+    return torch.sqrt(total_squares)
+
+
+def clip_factor(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What ``torch.nn.utils.clip_grad_norm_`` multiplies the gradients by."""
+    return torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+
+
+@torch.no_grad()
+def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    """Clip like ``torch.nn.utils.clip_grad_norm_`` on the whole model; return the global norm on every rank."""
+    if norm_type != 2.0:
+        raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
+    total = global_grad_norm(model)
+    if max_norm == float("inf"):
+        return total
+    scale = clip_factor(total, max_norm)
+    for param in model.parameters():
+        if param.grad is not None:
+            _local(param.grad).mul_(scale.to(param.grad.dtype))
     return total
 
 

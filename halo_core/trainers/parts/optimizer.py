@@ -1,8 +1,12 @@
-"""Optimizer choice: ``bf16: true`` trains bf16 weights with ``AdamWBF16``; otherwise the user's ``optim`` stands."""
+"""Optimizer choice (``bf16: true`` trains bf16 weights with ``AdamWBF16``; otherwise the user's ``optim`` stands)
+and gradient clipping, which AdamWBF16 folds into its step."""
 
 from __future__ import annotations
 
+import torch
+
 from halo_core.optim import AdamWBF16
+from halo_core.parallel.grads import clip_factor, clip_grad_norm_, global_grad_norm
 
 
 def wants_adamw_bf16(args) -> bool:
@@ -26,3 +30,18 @@ def build_adamw_bf16(trainer, kahan: bool) -> AdamWBF16:
         kahan=kahan,
         seed=args.seed,
     )
+
+
+def clip_gradients(model, optimizer, max_norm: float) -> torch.Tensor:
+    """Global-norm clipping; return the norm before clipping.
+
+    With AdamWBF16 the clipping factor goes into its next step (its kernel reads each
+    gradient once anyway) instead of a pass that rescales every gradient in place; the
+    ``.grad`` tensors then keep their unclipped values.
+    """
+    inner = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's AcceleratedOptimizer
+    if not isinstance(inner, AdamWBF16):
+        return clip_grad_norm_(model, max_norm)
+    total = global_grad_norm(model)
+    inner.scale_next_gradients(clip_factor(total, max_norm))
+    return total
