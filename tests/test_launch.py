@@ -172,3 +172,13 @@ def test_two_nodes_through_the_rendezvous_flags(tmp_path):
     outputs = [node.communicate(timeout=600)[0] for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
     assert (out / "model.safetensors").exists() and weights(out)
+
+
+def test_compiled_layers_at_ep2_match_the_eager_single_process_run(single_process, tmp_path):
+    out = tmp_path / "compiled"
+    launch(out, *COMMON, "--expert_parallel_size=2", "--compile_layers=true", "--per_device_train_batch_size=1",
+           "--save_strategy=steps", "--save_steps=4", nproc=2)
+    assert losses(out) == pytest.approx(losses(single_process), abs=1e-4)
+    reference = weights(single_process)
+    for name, tensor in weights(out).items():
+        assert_close(tensor, reference[name], f"{name} after 4 compiled steps at ep=2")

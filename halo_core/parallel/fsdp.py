@@ -36,8 +36,9 @@ def _sum_only(module) -> None:
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules of the classes the model names in ``_no_split_modules`` (also once FSDP2 has subclassed them)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module]) -> None:

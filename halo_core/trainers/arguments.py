@@ -39,6 +39,12 @@ class HaloArguments:
     #: transformers' experts implementation (``grouped_mm``, ``eager``, ...; ``liger_moe`` with the GPU
     #: extra); empty = the model's default. Under EP it computes each rank's block.
     experts_implementation: str | None = None
+    #: ``torch.compile`` each decoder layer (regional compilation: one compile serves every layer); fuses the
+    #: element-wise work and most of the per-step Python. The first step compiles (tens of seconds).
+    compile_layers: bool = False
+    #: With ``compile_layers``: the share of the compiled layers' activations kept for backward (PyTorch's
+    #: ``activation_memory_budget``); below 1.0 the backward recomputes the cheapest operations first.
+    activation_memory_budget: float | None = None
     #: With ``bf16: true``: keep a bf16 Kahan compensation buffer per parameter (fp32-like accuracy, +2 bytes/param).
     adamw_bf16_kahan: bool = False
 

@@ -13,13 +13,14 @@ import torch
 
 from halo_core.kernels.liger import keep_experts_interface
 from halo_core.parallel.config import ParallelConfig
-from halo_core.parallel.grads import clip_grad_norm_, sync_gradients
+from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint
+from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
 from halo_core.trainers.parts.layout import lay_out
-from halo_core.trainers.parts.optimizer import build_adamw_bf16, wants_adamw_bf16
+from halo_core.trainers.parts.optimizer import build_adamw_bf16, clip_gradients, wants_adamw_bf16
 from halo_core.trainers.parts.throughput import ThroughputMeter
 
 
@@ -30,8 +31,11 @@ def _sharing(model) -> int:
 
 
 class DistributedTrainerMixin:
-    def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, **kwargs):
+    def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
+                 activation_memory_budget: float | None = None, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
+        if compile_layers:
+            compile_decoder_layers(kwargs["model"], activation_memory_budget)
         if kwargs.get("args") is not None:
             keep_experts_interface(kwargs["args"])
         self._halo_kahan = adamw_bf16_kahan
@@ -73,10 +77,10 @@ class DistributedTrainerMixin:
         return result / sharing
 
     def _clip_grad_norm(self, model):
-        return clip_grad_norm_(self.model, self.args.max_grad_norm)
+        return clip_gradients(self.model, self.optimizer, self.args.max_grad_norm)
 
     def _get_grad_norm(self, model, grad_norm=None):
-        return clip_grad_norm_(self.model, float("inf")) if grad_norm is None else grad_norm
+        return global_grad_norm(self.model) if grad_norm is None else grad_norm
 
     # -- metrics ---------------------------------------------------------------------------
 

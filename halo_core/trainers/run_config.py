@@ -163,6 +163,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
         )
     if run.halo.experts_implementation is not None:
         _check_experts_implementation(run)
+    _check_activation_memory_budget(run)
     if dims.ep > 1:
         from halo_core.parallel.dispatch import available_dispatchers
 
@@ -219,6 +220,16 @@ def _check_experts_implementation(run: RunConfig) -> None:
         raise ConfigError(f"{run.source}: experts_implementation {name!r} is unknown; choose one of {known} (or leave it empty for the model's default)")
     if name == liger.EXPERTS_IMPLEMENTATION and liger.unavailable_reason():
         raise ConfigError(f"{run.source}: experts_implementation {name!r} cannot run here: {liger.unavailable_reason()}; use grouped_mm")
+
+
+def _check_activation_memory_budget(run: RunConfig) -> None:
+    budget = run.halo.activation_memory_budget
+    if budget is None:
+        return
+    if not run.halo.compile_layers:
+        raise ConfigError(f"{run.source}: activation_memory_budget={budget} applies to compiled layers only; set compile_layers: true or remove it")
+    if not 0 < budget <= 1:
+        raise ConfigError(f"{run.source}: activation_memory_budget must be in (0, 1], got {budget}; e.g. 0.5 recomputes about half of the layers' activations")
 
 
 def _model_config(run: RunConfig):

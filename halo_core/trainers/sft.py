@@ -27,6 +27,8 @@ def run(run: RunConfig) -> None:
         processing_class=build_tokenizer(run.halo),
         parallel_config=run.halo.parallel_config(),
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
+        compile_layers=run.halo.compile_layers,
+        activation_memory_budget=run.halo.activation_memory_budget,
     )
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
