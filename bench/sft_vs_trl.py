@@ -17,6 +17,8 @@ A variant is a base and options joined by ``+``:
                       the experts stay at transformers' experts interface)
   +liger-moe          Halo: Liger's fused MoE as the experts implementation (``experts_implementation``)
   +nockpt             gradient checkpointing off
+  +compile            Halo: ``compile_layers: true`` (torch.compile on each decoder layer)
+  +abNN               with +compile: ``activation_memory_budget: 0.NN`` (selective recomputation)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
 
 Each variant runs in its own processes (a fresh CUDA context), ``--repeats`` times, in turn.
@@ -83,13 +85,20 @@ def flops_per_token(config, seq: int) -> float:
 
 def parse(variant: str) -> dict:
     base, *options = variant.split("+")
-    known = {"liger", "liger-moe", "nockpt", "fsdp"}
+    budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
+    options = [o for o in options if o not in budgets]
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile"}
+    if budgets and "compile" not in options:
+        raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
+    if {"liger-moe", "compile"} & set(options) and not base.startswith("halo"):
+        raise SystemExit(f"{variant!r}: +liger-moe and +compile are Halo options")
     return {
         "halo": base.startswith("halo"), "ep": int(base[7:]) if base.startswith("halo") else 1,
         "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
+        "compile": "compile" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
     }
 
 
@@ -141,6 +150,10 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
     }
     if spec["liger_moe"]:
         run["experts_implementation"] = "liger_moe"
+    if spec["compile"]:
+        run["compile_layers"] = True
+    if spec["activation_budget"] is not None:
+        run["activation_memory_budget"] = spec["activation_budget"]
     path = workdir / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(run))
     return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
@@ -172,8 +185,14 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
     config = AutoConfig.from_pretrained(workdir / "model")
     data = datasets.load_dataset("json", data_files=str(workdir / "data.jsonl"), split="train")
     torch.manual_seed(0)
+    extra = {}
+    if spec["liger_moe"]:  # the profile of a Halo +liger-moe row: the same experts implementation as its YAML asks for
+        from halo_core.kernels import liger
+
+        liger.register()
+        extra["experts_implementation"] = liger.EXPERTS_IMPLEMENTATION
     with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if spec["fp32_weights"] else torch.bfloat16, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if spec["fp32_weights"] else torch.bfloat16, attn_implementation="sdpa", **extra)
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -195,8 +214,17 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
             self.times.append(time.perf_counter() - self.last)
             if self.profiler is not None and state.global_step == WARMUP + 2:
                 self.profiler.__exit__(None, None, None)
-                table = self.profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=40)
-                (workdir / f"profile-{variant}.txt").write_text(table)
+                averages = self.profiler.key_averages()
+                # Kernels only: not the ops that launched them, nor GPU-side annotations such as Optimizer.step
+                kernels = [e for e in averages if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+                           and not e.key.startswith(("Optimizer.", "ProfilerStep"))]
+                gpu_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / 2
+                cpu_ms = sum(e.self_cpu_time_total for e in averages) / 1e3 / 2
+                wall_ms = sum(self.times[-2:]) * 1e3 / 2
+                summary = f"per step: {gpu_ms:.1f} ms of GPU kernels, {cpu_ms:.1f} ms of CPU in ops, {wall_ms:.1f} ms wall (profiler on)\n"
+                table = averages.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90)
+                by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90)
+                (workdir / f"profile-{variant}.txt").write_text(summary + table + "\nBy CPU time:\n" + by_cpu)
                 self.profiler = None
 
     timer = StepTimer()
@@ -208,7 +236,8 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         from halo_core.trainers.sft import HaloSFTTrainer
 
         trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
-                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"]))
+                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"]), compile_layers=spec["compile"],
+                                 activation_memory_budget=spec["activation_budget"])
     else:
         trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])
     trainer.train()
@@ -295,6 +324,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return trl_worker(args.worker, args, args.workdir)
+    for variant in [args.profile] if args.profile else args.variants:
+        parse(variant)  # a typo fails here, not after the first rows ran
     prepare(args.workdir, args.config, args.seq, args.steps * args.batch * args.nproc + 8, args.dataset)
     rate = matmul_rate()
     torch.cuda.empty_cache()
