@@ -273,6 +273,39 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
     return {"variant": variant, **row, "wall_s": round(time.perf_counter() - started, 1)}
 
 
+def check_compiled_layers(config_path: Path, device: str = "cuda") -> dict:
+    """GPU equivalence of ``compile_layers``: a one-layer model of the benchmark config, eager against
+    compiled (with the activation budget the fastest row uses), same weights and tokens, bf16."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from halo_core import ParallelConfig, parallelize
+    from halo_core.trainers.parts.compile import compile_decoder_layers
+
+    config = AutoConfig.from_pretrained(config_path)
+    config.num_hidden_layers = 1
+    torch.manual_seed(0)
+    with torch.device(device):
+        eager = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        compiled = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    compiled.load_state_dict(eager.state_dict())
+    compile_decoder_layers(parallelize(compiled, ParallelConfig()), activation_memory_budget=0.5)
+    ids = torch.randint(0, config.vocab_size, (1, 4096 if device == "cuda" else 64), device=device)
+    losses = [model(input_ids=ids, labels=ids).loss for model in (eager, compiled)]
+    for loss in losses:
+        loss.backward()
+    error = lambda a, b: float((a.float() - b.float()).norm() / b.float().norm())  # noqa: E731
+    grads = {name: error(b.grad, a.grad) for (name, a), b in zip(eager.named_parameters(), compiled.parameters())
+             if a.grad is not None and ("layers.0" in name or "lm_head" in name)}
+    worst = max(grads, key=grads.get)
+    del eager, compiled
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    loss_error = error(losses[1].detach(), losses[0].detach())
+    if loss_error > 1e-2:  # bf16 rounding differs by far less; anything near this is a wrong compilation
+        raise SystemExit(f"compiled layers disagree with eager ones: loss relative error {loss_error:.3g}")
+    return {"compiled_vs_eager": {"loss": loss_error, "worst_gradient": worst, "its_error": grads[worst]}}
+
+
 def check_kernels(config_path: Path) -> dict:
     """GPU equivalence of the kernels Halo can switch on, against transformers' own path, on this GPU."""
     from transformers import AutoConfig
@@ -332,6 +365,8 @@ def main() -> None:
     config = json.loads(args.config.read_text())
     print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
     checks = check_kernels(args.config) if any("liger-moe" in v for v in args.variants) and not args.profile else {}
+    if any("compile" in v for v in args.variants) and not args.profile:
+        checks.update(check_compiled_layers(args.config))
     if checks:
         print(f"kernel checks (relative error, bf16): {json.dumps(checks)}", flush=True)
     variants = [args.profile] if args.profile else args.variants
