@@ -20,6 +20,8 @@ A variant is a base and options joined by ``+``:
   +compile            Halo: ``compile_layers: true`` (torch.compile on each decoder layer)
   +abNN               with +compile: ``activation_memory_budget: 0.NN`` (selective recomputation)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
+  +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
+                      DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
 
 Each variant runs in its own processes (a fresh CUDA context), ``--repeats`` times, in turn.
 Workload: the standard benchmark config (``configs/qwen3-moe-3b.config.json``: Qwen3-MoE,
@@ -87,18 +89,20 @@ def parse(variant: str) -> dict:
     base, *options = variant.split("+")
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     options = [o for o in options if o not in budgets]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile"}
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep"}
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
     if {"liger-moe", "compile"} & set(options) and not base.startswith("halo"):
         raise SystemExit(f"{variant!r}: +liger-moe and +compile are Halo options")
+    if "tf-ep" in options and (base.startswith("halo") or "fsdp" in options):
+        raise SystemExit(f"{variant!r}: +tf-ep is a stock-TRL option (it brings its own FSDP2)")
     return {
         "halo": base.startswith("halo"), "ep": int(base[7:]) if base.startswith("halo") else 1,
         "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
-        "compile": "compile" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
+        "compile": "compile" in options, "tf_ep": "tf-ep" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
     }
 
 
@@ -172,6 +176,22 @@ def halo_result(output: str, seq: int, batch: int, every: int) -> dict:
             "losses": [float(log["loss"]) for log in logs]}
 
 
+def saved_model(workdir: Path, config, dtype: torch.dtype) -> Path:
+    """The random initialisation on disk (``from_pretrained`` is where transformers applies a DistributedConfig).
+    The orchestrator writes it before the ranks start, so they all read the same weights."""
+    folder = workdir / f"saved-{str(dtype).removeprefix('torch.')}"
+    if not (folder / "config.json").exists():
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model.save_pretrained(folder)
+        del model
+        torch.cuda.empty_cache()
+    return folder
+
+
 def trl_worker(variant: str, args, workdir: Path) -> None:
     """Stock TRL (or, for --profile, Halo's trainer in-process): train, time each step, write the row."""
     import datasets
@@ -191,8 +211,18 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
 
         liger.register()
         extra["experts_implementation"] = liger.EXPERTS_IMPLEMENTATION
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32 if spec["fp32_weights"] else torch.bfloat16, attn_implementation="sdpa", **extra)
+    dtype = torch.float32 if spec["fp32_weights"] else torch.bfloat16
+    if spec["tf_ep"]:  # the peer: transformers' own expert parallelism over every rank, FSDP2 over the rest, stock trainer
+        from transformers.distributed import DistributedConfig
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        model = AutoModelForCausalLM.from_pretrained(
+            saved_model(workdir, config, dtype), dtype=dtype, attn_implementation="sdpa",
+            distributed_config=DistributedConfig(ep_size=world, fsdp_size=world, ep_implementation="all_to_all"),
+        )
+    else:
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa", **extra)
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -253,6 +283,10 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
 
 def run_variant(variant: str, args, workdir: Path) -> dict:
     spec = parse(variant)
+    if spec["tf_ep"]:
+        from transformers import AutoConfig
+
+        saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if spec["halo"] and not args.profile:
         command = halo_command(variant, spec, args, workdir)
