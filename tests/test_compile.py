@@ -29,6 +29,7 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(budget):
 
 
 def test_a_model_without_declared_layers_is_refused():
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
-    with pytest.raises(LayoutError, match="compile_layers: Sequential names no decoder layer class"):
+    model = parallelize(tiny_model("qwen3_moe"), ParallelConfig())
+    model._no_split_modules = None  # as a custom model that declares no repeated block
+    with pytest.raises(LayoutError, match="compile_layers: Qwen3MoeForCausalLM names no decoder layer class"):
         compile_decoder_layers(model)

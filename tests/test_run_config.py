@@ -92,6 +92,7 @@ def test_missing_required_fields_and_files(tmp_path):
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
         (["--activation_memory_budget=0.5"], 2, "activation_memory_budget=0.5 applies to compiled layers only; set compile_layers: true or remove it"),
         (["--compile_layers=true", "--activation_memory_budget=1.5"], 2, "activation_memory_budget must be in (0, 1], got 1.5"),
+        (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--compile_layers=true"], 2, "compile_layers does not work with tensor_parallel_size > 1 yet"),
     ],
 )
 def test_impossible_layouts(overrides, world, message):

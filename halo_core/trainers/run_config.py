@@ -164,6 +164,10 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     if run.halo.experts_implementation is not None:
         _check_experts_implementation(run)
     _check_activation_memory_budget(run)
+    if run.halo.compile_layers and dims.tp > 1:
+        from halo_core.trainers.parts.compile import TP_UNSUPPORTED
+
+        raise ConfigError(f"{run.source}: {TP_UNSUPPORTED}")
     if dims.ep > 1:
         from halo_core.parallel.dispatch import available_dispatchers
 

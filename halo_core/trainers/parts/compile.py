@@ -15,14 +15,20 @@ from torch._functorch import config as functorch_config
 
 from halo_core.errors import LayoutError
 from halo_core.parallel.fsdp import decoder_layers
+from halo_core.parallel.layout_state import layout_of
+
+#: Inductor fails tracing the DTensor attention of a TP layer (RecursionError in proxy tracing, torch 2.13).
+TP_UNSUPPORTED = "compile_layers does not work with tensor_parallel_size > 1 yet (torch.compile fails on the DTensor layers); set one of them off"
 
 
 def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | None = None) -> int:
-    """Compile each decoder layer's ``forward`` in place; return how many layers.
+    """Compile each decoder layer's ``forward`` in place (on a laid-out model); return how many layers.
 
     ``activation_memory_budget`` (0 to 1) sets PyTorch's process-wide budget for what the
     compiled forward saves for backward: selective recomputation, cheapest operations first.
     """
+    if layout_of(model).dims.tp > 1:
+        raise LayoutError(TP_UNSUPPORTED)
     if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
     layers = decoder_layers(model)
