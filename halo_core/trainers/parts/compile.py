@@ -17,7 +17,8 @@ from halo_core.errors import LayoutError
 from halo_core.parallel.fsdp import decoder_layers
 from halo_core.parallel.layout_state import layout_of
 
-#: Inductor fails tracing the DTensor attention of a TP layer (RecursionError in proxy tracing, torch 2.13).
+#: Inductor fails tracing the DTensor layers of a TP layout (RecursionError in proxy tracing on the recompile with
+#: dynamic shapes, torch 2.13; it looks like pytorch/pytorch#152954).
 TP_UNSUPPORTED = "compile_layers does not work with tensor_parallel_size > 1 yet (torch.compile fails on the DTensor layers); set one of them off"
 
 
