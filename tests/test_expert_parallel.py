@@ -48,10 +48,10 @@ import os
 from halo_core.parallel.dispatch import TorchAllToAll
 
 class Recording(TorchAllToAll):
-    def dispatch(self, tokens, expert_ids, send_counts):
+    def dispatch(self, tokens, counts):
         with open(os.environ["HALO_TEST_DISPATCH_LOG"], "a") as log:
-            log.write(f"{sum(send_counts)}\\n")
-        return super().dispatch(tokens, expert_ids, send_counts)
+            log.write(f"{int(counts.sum())}\\n")
+        return super().dispatch(tokens, counts)
 """
 
 

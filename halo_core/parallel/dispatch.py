@@ -27,9 +27,14 @@ class DispatcherError(HaloError):
 class TokenDispatcher(Protocol):
     def __init__(self, group: Any) -> None: ...
 
-    def dispatch(self, tokens: torch.Tensor, expert_ids: torch.Tensor, send_counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, Any]:
-        """Send ``tokens`` (grouped by destination rank, ``send_counts[r]`` rows for rank r) with their
-        local expert ids; return the received tokens, their local expert ids, and a handle for ``combine``.
+    def dispatch(self, tokens: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """Send each rank its (token, expert) pairs.
+
+        ``counts`` (on the tokens' device, int64, shape ``(ep_size, experts_per_rank)``): how many
+        pairs go to each rank's each local expert; ``tokens`` holds them in that order (by rank,
+        then local expert), followed by rows sent nowhere, which are dropped. Return the received
+        rows in the same grouping (by source rank, then local expert), the received counts in
+        the same shape (row ``s``: what source ``s`` sent here), and a handle for ``combine``.
         Differentiable in ``tokens``."""
 
     def combine(self, expert_output: torch.Tensor, handle: Any) -> torch.Tensor:
@@ -37,24 +42,23 @@ class TokenDispatcher(Protocol):
 
 
 class TorchAllToAll:
-    """``all_to_all_single`` with split sizes exchanged each step; works on gloo (CPU) and NCCL."""
+    """``all_to_all_single``: the per-expert counts are exchanged first (one small all-to-all and the
+    step's one read-back to the host, for the split sizes), then the tokens; works on gloo and NCCL."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
 
-    def dispatch(self, tokens, expert_ids, send_counts):
-        send = torch.tensor(send_counts, dtype=torch.int64, device=tokens.device)
-        recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send, group=self.group)
-        recv_counts = recv.tolist()
-        received = all_to_all_single_autograd(tokens.contiguous(), recv_counts, send_counts, self.group)
-        received_ids = expert_ids.new_empty(sum(recv_counts))
-        dist.all_to_all_single(received_ids, expert_ids.contiguous(), recv_counts, send_counts, group=self.group)
-        return received, received_ids, (send_counts, recv_counts)
+    def dispatch(self, tokens, counts):
+        counts = counts.contiguous()
+        received_counts = torch.empty_like(counts)
+        dist.all_to_all_single(received_counts, counts, group=self.group)
+        send_sizes, recv_sizes = torch.stack([counts.sum(1), received_counts.sum(1)]).tolist()
+        received = all_to_all_single_autograd(tokens[: sum(send_sizes)].contiguous(), recv_sizes, send_sizes, self.group)
+        return received, received_counts, (send_sizes, recv_sizes)
 
     def combine(self, expert_output, handle):
-        send_counts, recv_counts = handle
-        return all_to_all_single_autograd(expert_output.contiguous(), send_counts, recv_counts, self.group)
+        send_sizes, recv_sizes = handle
+        return all_to_all_single_autograd(expert_output.contiguous(), send_sizes, recv_sizes, self.group)
 
 
 def available_dispatchers() -> dict[str, Any]:

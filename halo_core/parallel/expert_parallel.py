@@ -47,8 +47,8 @@ class ExpertShard:
 class LocalDispatch:
     """The dispatcher of a one-rank EP group (``etp`` without ``ep``): every pair stays here."""
 
-    def dispatch(self, tokens, expert_ids, send_counts):
-        return tokens, expert_ids, None
+    def dispatch(self, tokens, counts):
+        return tokens[: int(counts.sum())], counts, None
 
     def combine(self, expert_output, handle):
         return expert_output
@@ -115,19 +115,22 @@ def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_
 
 def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, top_k_index, top_k_weights) -> torch.Tensor:
     """Expert ids outside ``[0, num_experts)`` (a router's "skip" class, transformers' EP
-    sentinels) are sent nowhere and contribute nothing, as in transformers' implementations."""
+    sentinels) are sent nowhere and contribute nothing, as in transformers' implementations.
+
+    Pairs are sorted by expert, which with contiguous expert blocks is by destination rank and
+    then local expert; only the per-expert counts travel, and each receiving rank rebuilds its
+    rows' local expert ids from them on the device."""
     num_tokens, top_k = top_k_index.shape
     expert_ids = top_k_index.reshape(-1)
     valid = (expert_ids >= 0) & (expert_ids < shard.num_experts)
-    nowhere = torch.full_like(expert_ids, shard.ep_size)
-    destination = torch.where(valid, torch.div(expert_ids, shard.count, rounding_mode="floor"), nowhere)
-    order = torch.argsort(destination, stable=True)
-    send_counts = torch.bincount(destination, minlength=shard.ep_size + 1)[: shard.ep_size].tolist()
-    sent = order[: sum(send_counts)]
-    tokens = hidden_states.index_select(0, torch.div(sent, top_k, rounding_mode="floor"))
-    local_ids = (expert_ids - destination * shard.count).index_select(0, sent)
+    expert_ids = torch.where(valid, expert_ids, shard.num_experts)  # sent nowhere: sorted last, not counted
+    order = torch.argsort(expert_ids, stable=True)
+    counts = torch.bincount(expert_ids, minlength=shard.num_experts + 1)[: shard.num_experts].view(shard.ep_size, shard.count)
+    tokens = hidden_states.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
-    received, received_ids, handle = shard.dispatcher.dispatch(tokens, local_ids, send_counts)
+    received, received_counts, handle = shard.dispatcher.dispatch(tokens, counts)
+    local_experts = torch.arange(shard.count, device=received.device).repeat(received_counts.shape[0])
+    received_ids = local_experts.repeat_interleave(received_counts.reshape(-1), output_size=received.shape[0])
     ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
     expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
     if shard.etp_rank > 0:  # a whole down-projection bias counts once per ETP group: the first rank's
@@ -135,6 +138,7 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
             expert_output = expert_output - getattr(self, name).index_select(0, received_ids).to(expert_output.dtype)
     returned = shard.dispatcher.combine(expert_output, handle)
 
+    sent = order[: returned.shape[0]]
     per_pair = returned.new_zeros((expert_ids.numel(), returned.shape[1])).index_copy(0, sent, returned)
     per_pair = per_pair.view(num_tokens, top_k, -1)
     return (per_pair * top_k_weights.unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
