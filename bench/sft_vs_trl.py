@@ -19,6 +19,7 @@ A variant is a base and options joined by ``+``:
   +nockpt             gradient checkpointing off
   +compile            Halo: ``compile_layers: true`` (torch.compile on each decoder layer)
   +abNN               with +compile: ``activation_memory_budget: 0.NN`` (selective recomputation)
+  +kahan              Halo: ``adamw_bf16_kahan: true`` (a bf16 compensation buffer instead of stochastic rounding)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
   +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
@@ -89,20 +90,20 @@ def parse(variant: str) -> dict:
     base, *options = variant.split("+")
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     options = [o for o in options if o not in budgets]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep"}
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan"}
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
-    if {"liger-moe", "compile"} & set(options) and not base.startswith("halo"):
-        raise SystemExit(f"{variant!r}: +liger-moe and +compile are Halo options")
+    if {"liger-moe", "compile", "kahan"} & set(options) and not base.startswith("halo"):
+        raise SystemExit(f"{variant!r}: +liger-moe, +compile and +kahan are Halo options")
     if "tf-ep" in options and (base.startswith("halo") or "fsdp" in options):
         raise SystemExit(f"{variant!r}: +tf-ep is a stock-TRL option (it brings its own FSDP2)")
     return {
         "halo": base.startswith("halo"), "ep": int(base[7:]) if base.startswith("halo") else 1,
         "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
-        "compile": "compile" in options, "tf_ep": "tf-ep" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
+        "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
     }
 
 
@@ -158,6 +159,8 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
         run["compile_layers"] = True
     if spec["activation_budget"] is not None:
         run["activation_memory_budget"] = spec["activation_budget"]
+    if spec["kahan"]:
+        run["adamw_bf16_kahan"] = True
     path = workdir / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(run))
     return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
@@ -267,7 +270,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
 
         trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
                                  callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"]), compile_layers=spec["compile"],
-                                 activation_memory_budget=spec["activation_budget"])
+                                 activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"])
     else:
         trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])
     trainer.train()
