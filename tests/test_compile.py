@@ -15,6 +15,7 @@ from halo_core.trainers.parts.compile import compile_decoder_layers
 def test_compiled_layers_give_the_eager_loss_and_gradients(budget):
     with functorch_config.patch(activation_memory_budget=1.0):  # the budget is process-wide: restored afterwards
         torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()  # so the check below sees this test's compilations only
         eager, compiled = (parallelize(tiny_model("qwen3_moe", seed=2), ParallelConfig()) for _ in range(2))
         assert compile_decoder_layers(compiled, budget) == eager.config.num_hidden_layers
         assert functorch_config.activation_memory_budget == (budget or 1.0)
