@@ -216,8 +216,13 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         extra["experts_implementation"] = liger.EXPERTS_IMPLEMENTATION
     dtype = torch.float32 if spec["fp32_weights"] else torch.bfloat16
     if spec["tf_ep"]:  # the peer: transformers' own expert parallelism over every rank, FSDP2 over the rest, stock trainer
+        import inspect
+
+        import transformers
         from transformers.distributed import DistributedConfig
 
+        if "ep_size" not in inspect.signature(DistributedConfig).parameters:
+            raise SystemExit(f"+tf-ep: transformers {transformers.__version__} has no DistributedConfig(ep_size=...) (5.23 has)")
         world = int(os.environ.get("WORLD_SIZE", "1"))
         model = AutoModelForCausalLM.from_pretrained(
             saved_model(workdir, config, dtype), dtype=dtype, attn_implementation="sdpa",

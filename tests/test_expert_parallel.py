@@ -67,6 +67,27 @@ def test_replicated_data_parallel_without_fsdp_is_exact_too():
     run_layouts("gpt-oss", "gpt_oss", 2, [ParallelConfig(ep=2, fsdp=False)], seed=5)
 
 
+def _fsdp_units(rank, world):
+    from torch.distributed.tensor import DTensor
+
+    from halo_core import parallelize
+    from halo_core.parallel.layout_state import layout_of
+
+    for ep, experts_sharded in ((world, False), (world // 2, True)):
+        model = parallelize(tiny_model("qwen3_moe", seed=1), ParallelConfig(ep=ep))
+        expert_names = layout_of(model).expert_params
+        kinds = {name: isinstance(p, DTensor) for name, p in model.named_parameters()}
+        assert expert_names and all(kinds[n] is experts_sharded for n in expert_names), (ep, kinds)
+        assert all(is_dtensor for n, is_dtensor in kinds.items() if n not in expert_names), (ep, kinds)
+
+
+def test_experts_held_by_one_rank_alone_stay_outside_fsdp():
+    """EP over every data-parallel rank: a one-rank FSDP unit would only copy the experts in and out; with
+    expert replicas (ep < data-parallel size) FSDP2 shards them over the replicas. Equivalence of both
+    layouts is the conformance kit's; this pins which one is which."""
+    spawn(_fsdp_units, 4)
+
+
 def _refusals(rank, world):
     registry = discover(strict=False)
     from halo_core import parallelize

@@ -1,8 +1,11 @@
 """FSDP2 over what the other splits leave: the data-parallel ranks.
 
 Experts are sharded over the ranks that hold the same expert block (``ep_replicate`` and
-``cp``); everything else over all data-parallel ranks (not over ``tp``: TP ranks hold the same
-data, and DTensor TP shards become the inner dimension of a 2-D layout), one FSDP unit per decoder layer (the
+``cp``). Where one rank alone holds its block (EP over every data-parallel rank) they stay
+plain tensors outside FSDP: a one-rank unit would only copy them in and out of its buffers
+three times a step and hold a second copy while it runs. Everything else is sharded over
+all data-parallel ranks (not over ``tp``: TP ranks hold the same data, and DTensor TP
+shards become the inner dimension of a 2-D layout), one FSDP unit per decoder layer (the
 model's own ``_no_split_modules``) plus the root. The expert units divide their reduced
 gradients by the data-parallel size rather than their own group's size, because each
 expert block's gradient already sums its EP group's tokens (see ``grads``).
@@ -15,6 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
 from halo_core.parallel.config import ParallelDims
+from halo_core.parallel.expert_parallel import expert_parameters
 from halo_core.parallel.mesh import DATA_DIMS
 
 
@@ -43,12 +47,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module]) -> None:
     replicas = expert_replica_mesh(mesh)
-    for experts in expert_modules:
+    alone = replicas.size() == 1
+    ignored = {getattr(e, n) for e in expert_modules for n in expert_parameters(e, e._halo_ep.count)} if alone else set()
+    for experts in [] if alone else expert_modules:
         fully_shard(experts, mesh=replicas)
         _sum_only(experts)
     dp_mesh = data_parallel_mesh(mesh)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh)
+        fully_shard(layer, mesh=dp_mesh, ignored_params=ignored)
         _sum_only(layer)
-    fully_shard(model, mesh=dp_mesh)
+    fully_shard(model, mesh=dp_mesh, ignored_params=ignored)
     _sum_only(model)
