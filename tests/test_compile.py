@@ -34,3 +34,22 @@ def test_a_model_without_declared_layers_is_refused():
     model._no_split_modules = None  # as a custom model that declares no repeated block
     with pytest.raises(LayoutError, match="compile_layers: Qwen3MoeForCausalLM names no decoder layer class"):
         compile_decoder_layers(model)
+
+
+def _expert_parallel_graphs(rank, world):
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = parallelize(tiny_model("qwen3_moe", seed=2), ParallelConfig(ep=world))
+    compile_decoder_layers(model)
+    ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(rank))
+    model(input_ids=ids, labels=ids).loss.backward()
+    counters = torch._dynamo.utils.counters
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_an_expert_parallel_layer_compiles_to_one_graph():
+    """The dispatch's counts and split sizes must not break the layer's graph: each break is a return to
+    eager Python per layer, which on the GPU left an EP=2 step bound by the host."""
+    from halo_core.testing.spawn import spawn
+
+    spawn(_expert_parallel_graphs, 2)

@@ -125,7 +125,9 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     valid = (expert_ids >= 0) & (expert_ids < shard.num_experts)
     expert_ids = torch.where(valid, expert_ids, shard.num_experts)  # sent nowhere: sorted last, not counted
     order = torch.argsort(expert_ids, stable=True)
-    counts = torch.bincount(expert_ids, minlength=shard.num_experts + 1)[: shard.num_experts].view(shard.ep_size, shard.count)
+    # Not bincount: its output size depends on the data (a host sync, and a graph break in compiled layers).
+    counts = expert_ids.new_zeros(shard.num_experts + 1).scatter_add_(0, expert_ids, torch.ones_like(expert_ids))
+    counts = counts[: shard.num_experts].view(shard.ep_size, shard.count)
     tokens = hidden_states.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
 
     received, received_counts, handle = shard.dispatcher.dispatch(tokens, counts)

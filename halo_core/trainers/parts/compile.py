@@ -4,7 +4,11 @@ The decoder layers are the model's repeated blocks, so one compilation serves ev
 (PyTorch's regional-compilation recipe) and start-up stays at one layer's compile. Inductor
 fuses the element-wise work between matrix products (norms, RoPE, routing, SwiGLU) and
 launches the layer's kernels with far less Python per step. Module hooks (FSDP2's) stay
-outside the compiled code; Halo's collectives inside a layer split its graph where they must.
+outside the compiled code. Halo's collectives inside a layer are traced into its graph: the
+split sizes an all-to-all reads back from the device become unbacked sizes
+(``capture_scalar_outputs``) rather than graph breaks, so an expert-parallel layer is still
+one graph and its Python runs once per layer, not once per operation (not yet with
+expert-tensor parallelism, whose row gathers still split the graph).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
     """
     if layout_of(model).dims.tp > 1:
         raise LayoutError(TP_UNSUPPORTED)
+    # Process-wide, like the budget. Not with ETP: dynamo loses the unbacked row counts of its gather (torch 2.13).
+    torch._dynamo.config.capture_scalar_outputs = layout_of(model).dims.etp == 1
     if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
     layers = decoder_layers(model)
