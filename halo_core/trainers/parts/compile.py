@@ -4,11 +4,11 @@ The decoder layers are the model's repeated blocks, so one compilation serves ev
 (PyTorch's regional-compilation recipe) and start-up stays at one layer's compile. Inductor
 fuses the element-wise work between matrix products (norms, RoPE, routing, SwiGLU) and
 launches the layer's kernels with far less Python per step. Module hooks (FSDP2's) stay
-outside the compiled code. Halo's collectives inside a layer are traced into its graph: the
-split sizes an all-to-all reads back from the device become unbacked sizes
-(``capture_scalar_outputs``) rather than graph breaks, so an expert-parallel layer is still
-one graph and its Python runs once per layer, not once per operation (not yet with
-expert-tensor parallelism, whose row gathers still split the graph).
+outside the compiled code. Under expert parallelism the layer's graph breaks once where the
+dispatch reads its split sizes back to the host. Tracing through that read-back
+(``capture_scalar_outputs``) keeps the layer one graph on the CPU (torch 2.13), but on
+the GPU machine (torch 2.11) inductor rejects the unbacked sizes it produces (its reinplace
+pass raises "shape error in scatter op"), so Halo leaves it off.
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
     """
     if layout_of(model).dims.tp > 1:
         raise LayoutError(TP_UNSUPPORTED)
-    # Process-wide, like the budget. Not with ETP: dynamo loses the unbacked row counts of its gather (torch 2.13).
-    torch._dynamo.config.capture_scalar_outputs = layout_of(model).dims.etp == 1
     if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
     layers = decoder_layers(model)
