@@ -20,6 +20,9 @@ A variant is a base and options joined by ``+``:
   +compile            Halo: ``compile_layers: true`` (torch.compile on each decoder layer)
   +abNN               with +compile: ``activation_memory_budget: 0.NN`` (selective recomputation)
   +kahan              Halo: ``adamw_bf16_kahan: true`` (a bf16 compensation buffer instead of stochastic rounding)
+  +capture            with +compile: ``TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1``, so an EP layer's dispatch is traced
+                      into its graph (its split sizes as unbacked sizes) instead of breaking it; an experiment
+                      (inductor on torch 2.11 rejected it before the dispatch told the trace its sizes' bounds)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
   +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
@@ -90,9 +93,9 @@ def parse(variant: str) -> dict:
     base, *options = variant.split("+")
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     options = [o for o in options if o not in budgets]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan"}
-    if budgets and "compile" not in options:
-        raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "capture"}
+    if (budgets or "capture" in options) and "compile" not in options:
+        raise SystemExit(f"{variant!r}: +abNN (activation memory budget) and +capture need +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
     if {"liger-moe", "compile", "kahan"} & set(options) and not base.startswith("halo"):
@@ -104,6 +107,7 @@ def parse(variant: str) -> dict:
         "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
+        "capture": "capture" in options,
     }
 
 
@@ -296,6 +300,8 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
 
         saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if spec["capture"]:
+        env["TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS"] = "1"
     if spec["halo"] and not args.profile:
         command = halo_command(variant, spec, args, workdir)
     else:

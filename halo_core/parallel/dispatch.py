@@ -53,6 +53,9 @@ class TorchAllToAll:
         received_counts = torch.empty_like(counts)
         dist.all_to_all_single(received_counts, counts, group=self.group)
         send_sizes, recv_sizes = torch.stack([counts.sum(1), received_counts.sum(1)]).tolist()
+        for size in send_sizes + recv_sizes:  # facts a compiled trace cannot know: so slices keep the traced sizes
+            torch._check(size >= 0)
+        torch._check(sum(send_sizes) <= tokens.shape[0])
         received = all_to_all_single_autograd(tokens[: sum(send_sizes)].contiguous(), recv_sizes, send_sizes, self.group)
         return received, received_counts, (send_sizes, recv_sizes)
 

@@ -140,6 +140,7 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
             expert_output = expert_output - getattr(self, name).index_select(0, received_ids).to(expert_output.dtype)
     returned = shard.dispatcher.combine(expert_output, handle)
 
+    torch._check(returned.shape[0] <= order.shape[0])  # as in the dispatcher: the slice keeps the traced size
     sent = order[: returned.shape[0]]
     per_pair = returned.new_zeros((expert_ids.numel(), returned.shape[1])).index_copy(0, sent, returned)
     per_pair = per_pair.view(num_tokens, top_k, -1)

@@ -7,8 +7,10 @@ launches the layer's kernels with far less Python per step. Module hooks (FSDP2'
 outside the compiled code. Under expert parallelism the layer's graph breaks once where the
 dispatch reads its split sizes back to the host. Tracing through that read-back
 (``capture_scalar_outputs``) keeps the layer one graph on the CPU (torch 2.13), but on
-the GPU machine (torch 2.11) inductor rejects the unbacked sizes it produces (its reinplace
-pass raises "shape error in scatter op"), so Halo leaves it off.
+the GPU machine (torch 2.11) inductor rejected the unbacked sizes it produced (its reinplace
+pass raised "shape error in scatter op" on slices whose sizes it could not bound; the
+dispatcher now states those bounds, not yet tried on the GPU), so Halo leaves it off;
+``TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1`` turns it on (``bench/sft_vs_trl.py``'s ``+capture``).
 """
 
 from __future__ import annotations
