@@ -47,11 +47,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module]) -> None:
     replicas = expert_replica_mesh(mesh)
-    alone = replicas.size() == 1
-    ignored = {getattr(e, n) for e in expert_modules for n in expert_parameters(e, e._halo_ep.count)} if alone else set()
-    for experts in [] if alone else expert_modules:
-        fully_shard(experts, mesh=replicas)
-        _sum_only(experts)
+    ignored = set()
+    if replicas.size() == 1:  # each rank holds its experts alone: nothing to shard
+        ignored = {getattr(e, n) for e in expert_modules for n in expert_parameters(e, e._halo_ep.count)}
+    else:
+        for experts in expert_modules:
+            fully_shard(experts, mesh=replicas)
+            _sum_only(experts)
     dp_mesh = data_parallel_mesh(mesh)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=dp_mesh, ignored_params=ignored)
