@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import tempfile
 import traceback
 from pathlib import Path
@@ -29,11 +30,18 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> Non
 def _root_cause(errors: Path) -> str:
     reports = [p.read_text() for p in sorted(errors.glob("rank*.txt"))]
     causes = [r for r in reports if "Connection closed by peer" not in r] or reports
-    return causes[0] if causes else "a rank died without a Python exception (killed, or out of memory)"
+    if causes:
+        return causes[0]
+    faults = [p.read_text() for p in sorted(errors.glob("fault*.txt")) if p.stat().st_size]
+    return "a rank crashed in native code; its Python stacks:\n" + faults[0] if faults else (
+        "a rank died without a Python exception (killed, or out of memory)"
+    )
 
 
 def _rank_main(rank: int, world: int, errors: str, fn: Callable[..., Any], args: tuple) -> None:
     torch.set_num_threads(1)  # ranks share the machine's cores
+    faults = open(Path(errors, f"fault{rank:03d}.txt"), "w")  # a native crash (abort, segfault) still says where
+    faulthandler.enable(faults, all_threads=True)
     try:
         # A file store needs no free port (a port picked in advance can be taken before the ranks bind it).
         dist.init_process_group("gloo", init_method=f"file://{errors}/store", rank=rank, world_size=world)
