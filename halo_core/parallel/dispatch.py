@@ -12,10 +12,9 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol
 
 import torch
-import torch.distributed as dist
-from torch.distributed._functional_collectives import all_to_all_single_autograd
 
 from halo_core.errors import HaloError
+from halo_core.parallel import row_exchange
 
 ENTRY_POINT_GROUP = "halo.dispatchers"
 
@@ -38,30 +37,26 @@ class TokenDispatcher(Protocol):
         Differentiable in ``tokens``."""
 
     def combine(self, expert_output: torch.Tensor, handle: Any) -> torch.Tensor:
-        """Return each received row's output to its source rank, in the order it was sent. Differentiable."""
+        """Return each received row's output to its source rank: as many rows as ``tokens`` had, in
+        the order sent, zero for the rows sent nowhere. Differentiable."""
 
 
 class TorchAllToAll:
     """``all_to_all_single``: the per-expert counts are exchanged first (one small all-to-all and the
-    step's one read-back to the host, for the split sizes), then the tokens; works on gloo and NCCL."""
+    layer's one read-back to the host, for the split sizes), then the tokens; works on gloo and NCCL.
+    The exchanges are custom operators (``row_exchange``), so a compiled layer stays one graph."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
 
     def dispatch(self, tokens, counts):
-        counts = counts.contiguous()
-        received_counts = torch.empty_like(counts)
-        dist.all_to_all_single(received_counts, counts, group=self.group)
-        send_sizes, recv_sizes = torch.stack([counts.sum(1), received_counts.sum(1)]).tolist()
-        for size in send_sizes + recv_sizes:  # facts a compiled trace cannot know: so slices keep the traced sizes
-            torch._check(size >= 0)
-        torch._check(sum(send_sizes) <= tokens.shape[0])
-        received = all_to_all_single_autograd(tokens[: sum(send_sizes)].contiguous(), recv_sizes, send_sizes, self.group)
-        return received, received_counts, (send_sizes, recv_sizes)
+        received_counts, sizes = row_exchange.exchange_counts(counts, self.group.group_name)
+        received = row_exchange.send_rows(tokens, sizes, self.group.group_name)
+        return received, received_counts, (sizes, tokens.shape[0])
 
     def combine(self, expert_output, handle):
-        send_sizes, recv_sizes = handle
-        return all_to_all_single_autograd(expert_output.contiguous(), send_sizes, recv_sizes, self.group)
+        sizes, total = handle
+        return row_exchange.return_rows(expert_output, sizes, self.group.group_name, total)
 
 
 def available_dispatchers() -> dict[str, Any]:

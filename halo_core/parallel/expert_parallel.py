@@ -48,10 +48,10 @@ class LocalDispatch:
     """The dispatcher of a one-rank EP group (``etp`` without ``ep``): every pair stays here."""
 
     def dispatch(self, tokens, counts):
-        return tokens[: int(counts.sum())], counts, None
+        return tokens[: int(counts.sum())], counts, tokens.shape[0]
 
     def combine(self, expert_output, handle):
-        return expert_output
+        return torch.cat([expert_output, expert_output.new_zeros((handle - expert_output.shape[0], *expert_output.shape[1:]))])
 
 
 def expert_parameters(experts: nn.Module, num_experts: int) -> list[str]:
@@ -138,12 +138,8 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     if shard.etp_rank > 0:  # a whole down-projection bias counts once per ETP group: the first rank's
         for name in shard.etp_whole:
             expert_output = expert_output - getattr(self, name).index_select(0, received_ids).to(expert_output.dtype)
-    returned = shard.dispatcher.combine(expert_output, handle)
-
-    torch._check(returned.shape[0] <= order.shape[0])  # as in the dispatcher: the slice keeps the traced size
-    sent = order[: returned.shape[0]]
-    per_pair = returned.new_zeros((expert_ids.numel(), returned.shape[1])).index_copy(0, sent, returned)
-    per_pair = per_pair.view(num_tokens, top_k, -1)
+    returned = shard.dispatcher.combine(expert_output, handle)  # row i: the pair order[i]
+    per_pair = torch.empty_like(returned).index_copy(0, order, returned).view(num_tokens, top_k, -1)
     return (per_pair * top_k_weights.unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
 
 

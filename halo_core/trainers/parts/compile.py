@@ -4,13 +4,10 @@ The decoder layers are the model's repeated blocks, so one compilation serves ev
 (PyTorch's regional-compilation recipe) and start-up stays at one layer's compile. Inductor
 fuses the element-wise work between matrix products (norms, RoPE, routing, SwiGLU) and
 launches the layer's kernels with far less Python per step. Module hooks (FSDP2's) stay
-outside the compiled code. Under expert parallelism the layer's graph breaks once where the
-dispatch reads its split sizes back to the host. Tracing through that read-back
-(``capture_scalar_outputs``) keeps the layer one graph on the CPU (torch 2.13), but on
-the GPU machine (torch 2.11) inductor rejected the unbacked sizes it produced (its reinplace
-pass raised "shape error in scatter op" on slices whose sizes it could not bound; the
-dispatcher now states those bounds, not yet tried on the GPU), so Halo leaves it off;
-``TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1`` turns it on (``bench/sft_vs_trl.py``'s ``+capture``).
+outside the compiled code. Under expert parallelism the layer stays one graph: the dispatch's
+data-dependent all-to-all is a set of custom operators (``parallel/row_exchange``) whose
+received row count the trace carries as a data-dependent size
+(``capture_dynamic_output_shape_ops``, set here, process-wide).
 """
 
 from __future__ import annotations
@@ -38,6 +35,8 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
         raise LayoutError(TP_UNSUPPORTED)
     if activation_memory_budget is not None:
         functorch_config.activation_memory_budget = activation_memory_budget
+    # The expert dispatch's received row count is data (row_exchange): traced, not a graph break.
+    torch._dynamo.config.capture_dynamic_output_shape_ops = True
     layers = decoder_layers(model)
     if not layers:
         raise LayoutError(
