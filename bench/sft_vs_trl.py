@@ -20,9 +20,7 @@ A variant is a base and options joined by ``+``:
   +compile            Halo: ``compile_layers: true`` (torch.compile on each decoder layer)
   +abNN               with +compile: ``activation_memory_budget: 0.NN`` (selective recomputation)
   +kahan              Halo: ``adamw_bf16_kahan: true`` (a bf16 compensation buffer instead of stochastic rounding)
-  +capture            with +compile: ``TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS=1``, so an EP layer's dispatch is traced
-                      into its graph (its split sizes as unbacked sizes) instead of breaking it; an experiment
-                      (inductor on torch 2.11 rejected it before the dispatch told the trace its sizes' bounds)
+  +unitN              Halo: ``fsdp_unit_layers: N`` (N consecutive decoder layers per FSDP2 unit)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
   +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
@@ -92,14 +90,15 @@ def flops_per_token(config, seq: int) -> float:
 def parse(variant: str) -> dict:
     base, *options = variant.split("+")
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
-    options = [o for o in options if o not in budgets]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "capture"}
-    if (budgets or "capture" in options) and "compile" not in options:
-        raise SystemExit(f"{variant!r}: +abNN (activation memory budget) and +capture need +compile")
+    units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
+    options = [o for o in options if o not in budgets + units]
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan"}
+    if budgets and "compile" not in options:
+        raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
-    if {"liger-moe", "compile", "kahan"} & set(options) and not base.startswith("halo"):
-        raise SystemExit(f"{variant!r}: +liger-moe, +compile and +kahan are Halo options")
+    if ({"liger-moe", "compile", "kahan"} & set(options) or units) and not base.startswith("halo"):
+        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan and +unitN are Halo options")
     if "tf-ep" in options and (base.startswith("halo") or "fsdp" in options):
         raise SystemExit(f"{variant!r}: +tf-ep is a stock-TRL option (it brings its own FSDP2)")
     return {
@@ -107,7 +106,7 @@ def parse(variant: str) -> dict:
         "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
-        "capture": "capture" in options,
+        "unit_layers": int(units[0][4:]) if units else None,
     }
 
 
@@ -165,6 +164,8 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
         run["activation_memory_budget"] = spec["activation_budget"]
     if spec["kahan"]:
         run["adamw_bf16_kahan"] = True
+    if spec["unit_layers"]:
+        run["fsdp_unit_layers"] = spec["unit_layers"]
     path = workdir / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(run))
     return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
@@ -267,6 +268,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
                 table = averages.table(sort_by="self_cuda_time_total", row_limit=60, max_name_column_width=90)
                 by_cpu = averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=90)
                 (workdir / f"profile-{variant}.txt").write_text(summary + table + "\nBy CPU time:\n" + by_cpu)
+                self.profiler.export_chrome_trace(str(workdir / f"trace-rank{rank}.json"))  # the timeline: what overlaps, where the GPU idles
                 self.profiler = None
 
     timer = StepTimer()
@@ -278,7 +280,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         from halo_core.trainers.sft import HaloSFTTrainer
 
         trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
-                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"]), compile_layers=spec["compile"],
+                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"], fsdp_unit_layers=spec["unit_layers"] or 1), compile_layers=spec["compile"],
                                  activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"])
     else:
         trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])
@@ -300,8 +302,6 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
 
         saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if spec["capture"]:
-        env["TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS"] = "1"
     if spec["halo"] and not args.profile:
         command = halo_command(variant, spec, args, workdir)
     else:

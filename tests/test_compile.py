@@ -36,28 +36,34 @@ def test_a_model_without_declared_layers_is_refused():
         compile_decoder_layers(model)
 
 
-def _expert_parallel_graphs(rank, world):
+def _expert_parallel_graphs(rank, world, budget):
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     eager, compiled = (parallelize(tiny_model("qwen3_moe", seed=2), ParallelConfig(ep=world)) for _ in range(2))
-    compile_decoder_layers(compiled)
+    layers = compile_decoder_layers(compiled, budget)
     generator = torch.Generator().manual_seed(100 + rank)
     for length in (40, 40 + 8 * rank):  # a second shape, different on each rank: a dynamic-shape recompile
         ids = torch.randint(0, eager.config.vocab_size, (2, length), generator=generator)
         losses = [model(input_ids=ids, labels=ids).loss for model in (eager, compiled)]
-        for loss in losses:
-            loss.backward()
+        losses[0].backward()
+        with torch.profiler.profile() as profile:  # which exchanges the compiled step runs, forward and backward
+            losses[1].backward()
         assert_close(losses[1], losses[0], "loss")
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         assert_close(b.grad, a.grad, f"gradient of {name}")
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1
     assert not torch._dynamo.utils.counters["graph_break"], dict(torch._dynamo.utils.counters["graph_break"])
+    # Backward sends the gradients (2 all-to-alls a layer) and never re-runs the forward's exchanges.
+    calls = {e.key: e.count for e in profile.key_averages() if e.key.startswith("halo::")}
+    assert calls == {"halo::send_rows": layers, "halo::return_rows": layers}, calls
 
 
-def test_an_expert_parallel_layer_compiles_to_one_graph():
+@pytest.mark.parametrize("budget", [None, 0.3], ids=["default", "recompute"])
+def test_an_expert_parallel_layer_compiles_to_one_graph(budget):
     """The dispatch reads its split sizes back inside custom operators, so a compiled EP layer has no
-    graph break (each one cost a return to eager Python in every frame of the stack) and trains as
-    the eager one."""
+    graph break (each one cost a return to eager Python in every frame of the stack), trains as the
+    eager one, and its backward, even where the activation budget recomputes, repeats no exchange."""
     from halo_core.testing.spawn import spawn
 
-    spawn(_expert_parallel_graphs, 2)
+    with functorch_config.patch(activation_memory_budget=1.0):
+        spawn(_expert_parallel_graphs, 2, budget)

@@ -25,6 +25,7 @@ from halo_core.tiny import tiny_model
         (ParallelConfig(ep=3), 4, re.escape("ep*etp = 3*1 = 3 does not divide the data-parallel size 4 (world 4 / (cp 1 * tp 1)); choose ep*etp among [1, 2, 4]")),
         (ParallelConfig(ep=4, cp=2), 4, "does not divide the data-parallel size 2"),
         (ParallelConfig(fsdp="yes"), 2, "ParallelConfig.fsdp='yes' must be true or false"),
+        (ParallelConfig(fsdp_unit_layers=0), 2, re.escape("ParallelConfig.fsdp_unit_layers=0 must be a positive integer (decoder layers per FSDP unit)")),
     ],
 )
 def test_impossible_degrees_are_refused_with_the_numbers(config, world, needle):
@@ -65,6 +66,24 @@ def test_a_third_party_dispatcher_is_selected_by_name_and_stays_exact(plugin_sit
 
 def test_replicated_data_parallel_without_fsdp_is_exact_too():
     run_layouts("gpt-oss", "gpt_oss", 2, [ParallelConfig(ep=2, fsdp=False)], seed=5)
+
+
+def test_fsdp_units_of_several_layers_are_exact():
+    run_layouts("qwen3-moe", "qwen3_moe", 2, [ParallelConfig(ep=2, fsdp_unit_layers=2)], seed=7)
+
+
+def _grouped_units(rank, world):
+    from halo_core import parallelize
+    from halo_core.parallel.fsdp import decoder_layers
+
+    for unit_layers, units in ((1, 3), (2, 2), (3, 1)):
+        model = parallelize(tiny_model("qwen3_moe", {"num_hidden_layers": 3}, seed=1), ParallelConfig(ep=world, fsdp_unit_layers=unit_layers))
+        states = {id(layer._get_fsdp_state()._fsdp_param_group) for layer in decoder_layers(model)}
+        assert len(states) == units, (unit_layers, len(states))
+
+
+def test_fsdp_unit_layers_groups_consecutive_layers_into_one_unit():
+    spawn(_grouped_units, 2)
 
 
 def _fsdp_units(rank, world):

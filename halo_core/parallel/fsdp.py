@@ -6,7 +6,7 @@ plain tensors outside FSDP: a one-rank unit would only copy them in and out of i
 three times a step and hold a second copy while it runs. Everything else is sharded over
 all data-parallel ranks (not over ``tp``: TP ranks hold the same data, and DTensor TP
 shards become the inner dimension of a 2-D layout), one FSDP unit per decoder layer (the
-model's own ``_no_split_modules``) plus the root. The expert units divide their reduced
+model's own ``_no_split_modules``; ``fsdp_unit_layers`` groups consecutive ones) plus the root. The expert units divide their reduced
 gradients by the data-parallel size rather than their own group's size, because each
 expert block's gradient already sums its EP group's tokens (see ``grads``).
 """
@@ -45,7 +45,7 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
-def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module]) -> None:
+def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module], unit_layers: int = 1) -> None:
     replicas = expert_replica_mesh(mesh)
     ignored = set()
     if replicas.size() == 1:  # each rank holds its experts alone: nothing to shard
@@ -55,8 +55,11 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
             fully_shard(experts, mesh=replicas)
             _sum_only(experts)
     dp_mesh = data_parallel_mesh(mesh)
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=dp_mesh, ignored_params=ignored)
-        _sum_only(layer)
+    layers = decoder_layers(model)
+    for first in range(0, len(layers), unit_layers):
+        unit = layers[first : first + unit_layers]
+        fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, ignored_params=ignored)
+        for layer in unit:
+            _sum_only(layer)
     fully_shard(model, mesh=dp_mesh, ignored_params=ignored)
     _sum_only(model)

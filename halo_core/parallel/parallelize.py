@@ -94,6 +94,6 @@ def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules
     tp_partial = tensor_parallel.partial_gradient_parameters(model, family) if dims.tp > 1 else frozenset()
     use_fsdp = config.fsdp and mesh is not None
     if use_fsdp:
-        apply_fsdp(model, dims, mesh, [m for _, m in expert_modules])
+        apply_fsdp(model, dims, mesh, [m for _, m in expert_modules], config.fsdp_unit_layers)
     attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial))
     return model

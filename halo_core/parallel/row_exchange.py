@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 from torch.distributed.distributed_c10d import _resolve_process_group
+from torch.utils.checkpoint import CheckpointPolicy
 
 
 @torch.library.custom_op("halo::exchange_counts", mutates_args=())
@@ -91,3 +93,21 @@ def _return_rows_backward(ctx, grad):
 
 send_rows.register_autograd(_send_rows_backward, setup_context=_send_rows_context)
 return_rows.register_autograd(_return_rows_backward, setup_context=_return_rows_context)
+
+
+class KeepExchangesForBackward(CustomGraphPass):
+    """Inductor joint-graph pass: the outputs of these operators are saved for backward, never
+    recomputed there, as the partitioner does for torch's own functional collectives. Under an
+    activation memory budget it otherwise judged them cheap and re-ran, in each layer's backward,
+    the forward's read-back and all-to-alls (three more exchanges a layer, measured)."""
+
+    def __call__(self, graph) -> None:
+        for node in getattr(graph, "graph", graph).nodes:
+            if node.op == "call_function" and getattr(node.target, "namespace", None) == "halo":
+                # A tuple result is saved through its items (the partitioner never saves tuples).
+                items = [user for user in node.users if getattr(user.target, "__name__", "") == "getitem"]
+                for saved in [node, *items]:
+                    saved.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+    def uuid(self):
+        return get_hash_for_files((__file__,))

@@ -36,6 +36,9 @@ class HaloArguments:
     context_parallel_attention: str = "ulysses"
     #: Expert token-dispatch back-end, by name in the ``halo.dispatchers`` entry-point group.
     ep_dispatcher: str = "torch"
+    #: Consecutive decoder layers per FSDP2 unit (fewer all-gathers and less Python a step, more
+    #: unsharded parameters held at once); 1 = one unit per layer.
+    fsdp_unit_layers: int = 1
     #: transformers' experts implementation (``grouped_mm``, ``eager``, ...; ``liger_moe`` with the GPU
     #: extra); empty = the model's default. Under EP it computes each rank's block.
     experts_implementation: str | None = None
@@ -56,4 +59,5 @@ class HaloArguments:
             cp=self.context_parallel_size,
             ep_dispatcher=self.ep_dispatcher,
             cp_attention=self.context_parallel_attention,
+            fsdp_unit_layers=self.fsdp_unit_layers,
         )

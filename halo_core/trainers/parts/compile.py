@@ -17,6 +17,7 @@ from torch import nn
 from torch._functorch import config as functorch_config
 
 from halo_core.errors import LayoutError
+from halo_core.parallel import row_exchange
 from halo_core.parallel.fsdp import decoder_layers
 from halo_core.parallel.layout_state import layout_of
 
@@ -44,5 +45,5 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
             f"tell which blocks repeat; set compile_layers: false"
         )
     for layer in layers:
-        layer.forward = torch.compile(layer.forward)
+        layer.forward = torch.compile(layer.forward, options={"joint_custom_pre_pass": row_exchange.KeepExchangesForBackward()})
     return len(layers)
