@@ -6,7 +6,9 @@ plain tensors outside FSDP: a one-rank unit would only copy them in and out of i
 three times a step and hold a second copy while it runs. Everything else is sharded over
 all data-parallel ranks (not over ``tp``: TP ranks hold the same data, and DTensor TP
 shards become the inner dimension of a 2-D layout), one FSDP unit per decoder layer (the
-model's own ``_no_split_modules``; ``fsdp_unit_layers`` groups consecutive ones) plus the root. The expert units divide their reduced
+model's own ``_no_split_modules``; ``fsdp_unit_layers`` groups consecutive ones), one for the
+input embeddings unless the head shares their weight, and the root (the head and final norm,
+which TRL's fused head reads without calling the head's forward). The expert units divide their reduced
 gradients by the data-parallel size rather than their own group's size, because each
 expert block's gradient already sums its EP group's tokens (see ``grads``).
 """
@@ -61,5 +63,10 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, ignored_params=ignored)
         for layer in unit:
             _sum_only(layer)
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embeddings is not None and (head is None or head.weight is not embeddings.weight):
+        # Its own unit, resharded after forward: in the root it stayed gathered beside the head all step.
+        fully_shard(embeddings, mesh=dp_mesh)
+        _sum_only(embeddings)
     fully_shard(model, mesh=dp_mesh, ignored_params=ignored)
     _sum_only(model)
