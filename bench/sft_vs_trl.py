@@ -2,7 +2,7 @@
 
     python3 bench/sft_vs_trl.py --out sft_vs_trl.json                       # default rows, one GPU
     python3 bench/sft_vs_trl.py --nproc 2 --batch 2 --variants trl-bf16+fsdp halo-ep1 halo-ep2
-    python3 bench/sft_vs_trl.py --profile halo-ep1 --out profile.json       # where a step's time goes
+    python3 bench/sft_vs_trl.py --profile halo-ep1 --out profile.json       # where a step's time goes (+ trace-rank*.json)
     python3 bench/sft_vs_trl.py --config bench/configs/qwen3-dense-1b.config.json --variants trl-bf16 halo-ep1   # dense row
     python3 bench/sft_vs_trl.py --dataset templates/tiny/data/arithmetic.jsonl --packing --steps 200 --lr 1e-4 \
         --losses --variants trl-fp32-autocast halo-ep1 --out convergence.json            # loss curves
