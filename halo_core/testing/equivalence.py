@@ -115,8 +115,10 @@ def _float64_gradients(model, batches) -> dict[str, torch.Tensor] | None:
 
 
 def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor | None, what: str) -> None:
-    """Within 1e-5 of the single-process float32 gradient; where that gradient is itself farther than 1e-5
-    from the float64 truth (sums whose terms cancel), no more than 4 times as far from the truth as it is."""
+    """Within 1e-5 of the single-process float32 gradient; where that gradient is itself farther than a
+    quarter of that from the float64 truth (sums whose terms cancel), no more than 4 times as far from the
+    truth as it is: two float32 results each about 5e-6 off the truth, on opposite sides, differ by 1e-5
+    (seen: a linear-attention ``dt_bias`` at 5.2e-6 and 6.0e-6 from the truth, 1.1e-5 apart)."""
     if relative_error(actual, expected) <= RTOL:
         return
     if truth is None:
@@ -124,7 +126,7 @@ def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.T
         return
     theirs = relative_error(expected, truth)
     ours = relative_error(actual, truth)
-    if theirs > RTOL and ours <= 4 * theirs:
+    if theirs > RTOL / 4 and ours <= 4 * theirs:
         return
     raise AssertionError(
         f"{what}: relative error {relative_error(actual, expected):.3e} against one process "
