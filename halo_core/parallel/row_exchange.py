@@ -34,9 +34,11 @@ def _(counts, group_name):
     return torch.empty_like(counts), torch.empty((2, counts.shape[0]), dtype=torch.int64, device="cpu")
 
 
-def _all_to_all(rows: torch.Tensor, send: list[int], receive: list[int], group_name: str) -> torch.Tensor:
-    out = rows.new_empty((sum(receive), *rows.shape[1:]))
-    dist.all_to_all_single(out, rows[: sum(send)].contiguous(), receive, send, group=_resolve_process_group(group_name))
+def _all_to_all(rows: torch.Tensor, send: list[int], receive: list[int], group_name: str, total: int | None = None) -> torch.Tensor:
+    """Received rows first, then (up to ``total``) zero rows, written in place: no second buffer."""
+    out = rows.new_empty((total if total is not None else sum(receive), *rows.shape[1:]))
+    dist.all_to_all_single(out[: sum(receive)], rows[: sum(send)].contiguous(), receive, send, group=_resolve_process_group(group_name))
+    out[sum(receive) :].zero_()
     return out
 
 
@@ -60,8 +62,7 @@ def return_rows(rows: torch.Tensor, sizes: torch.Tensor, group_name: str, total:
     """The inverse of :func:`send_rows`: each received row back to its source, in the order it was sent,
     followed by zero rows up to ``total`` (for the rows that went nowhere)."""
     send, receive = sizes.tolist()
-    back = _all_to_all(rows, receive, send, group_name)
-    return torch.cat([back, back.new_zeros((total - back.shape[0], *back.shape[1:]))])
+    return _all_to_all(rows, receive, send, group_name, total)
 
 
 @return_rows.register_fake
