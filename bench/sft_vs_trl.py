@@ -3,6 +3,7 @@
     python3 bench/sft_vs_trl.py --out sft_vs_trl.json                       # default rows, one GPU
     python3 bench/sft_vs_trl.py --nproc 2 --batch 2 --variants trl-bf16+fsdp halo-ep1 halo-ep2
     python3 bench/sft_vs_trl.py --profile halo-ep1 --out profile.json       # where a step's time goes (+ trace-rank*.json)
+    python3 bench/sft_vs_trl.py --profile halo-ep1 --memory                 # ... and what is alive at the memory peak
     python3 bench/sft_vs_trl.py --config bench/configs/qwen3-dense-1b.config.json --variants trl-bf16 halo-ep1   # dense row
     python3 bench/sft_vs_trl.py --dataset templates/tiny/data/arithmetic.jsonl --packing --steps 200 --lr 1e-4 \
         --losses --variants trl-fp32-autocast halo-ep1 --out convergence.json            # loss curves
@@ -248,6 +249,10 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         def on_step_begin(self, args_, state, control, **kwargs):
             torch.cuda.synchronize()
             self.last = time.perf_counter()
+            if args.memory and state.global_step == WARMUP + 3:  # after the profiled steps: one step's allocator history
+                torch.cuda.reset_peak_memory_stats()
+                self.baseline = torch.cuda.memory_allocated()
+                torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="all")
             if args.profile and state.global_step == WARMUP:
                 self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
                 self.profiler.__enter__()
@@ -255,6 +260,14 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         def on_step_end(self, args_, state, control, **kwargs):
             torch.cuda.synchronize()
             self.times.append(time.perf_counter() - self.last)
+            if args.memory and state.global_step == WARMUP + 4:
+                from memory_peak import peak_breakdown
+
+                snapshot = torch.cuda.memory._snapshot()
+                torch.cuda.memory._record_memory_history(enabled=None)
+                report = peak_breakdown(snapshot["device_traces"][torch.cuda.current_device()], self.baseline)
+                (workdir / f"memory-{variant}-rank{rank}.txt").write_text(
+                    f"max_memory_allocated over the step: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB\n{report}\n")
             if self.profiler is not None and state.global_step == WARMUP + 2:
                 self.profiler.__exit__(None, None, None)
                 averages = self.profiler.key_averages()
@@ -307,7 +320,7 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
     else:
         script = [str(Path(__file__).resolve()), "--worker", variant, "--workdir", str(workdir), "--seq", str(args.seq),
                   "--steps", str(args.steps), "--batch", str(args.batch), "--lr", str(args.lr)]
-        script += (["--profile", variant] if args.profile else []) + (["--losses"] if args.losses else []) + (["--packing"] if args.packing else [])
+        script += (["--profile", variant] if args.profile else []) + (["--memory"] if args.memory else []) + (["--losses"] if args.losses else []) + (["--packing"] if args.packing else [])
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
         command = launcher + script
     started = time.perf_counter()
@@ -399,6 +412,7 @@ def main() -> None:
     parser.add_argument("--packing", action="store_true", help="pack the dataset's documents into --seq-token rows")
     parser.add_argument("--halo-log-every", type=int, default=1, help="Halo rows' logging_steps (their throughput is log to log)")
     parser.add_argument("--profile", help="profile this one variant in-process (steps 6-7) instead of timing rows")
+    parser.add_argument("--memory", action="store_true", help="with --profile: what is alive at one step's memory peak, by site (memory-*.txt)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/halo-bench"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
@@ -442,6 +456,8 @@ def main() -> None:
             print(f"{r['variant']}: FAILED\n{r['error']}")
     if args.profile and (args.workdir / f"profile-{args.profile}.txt").exists():
         print((args.workdir / f"profile-{args.profile}.txt").read_text())
+    for report in sorted(args.workdir.glob(f"memory-{args.profile}-rank*.txt")) if args.profile else []:
+        print(f"{report.name}:\n{report.read_text()}")
 
 
 if __name__ == "__main__":
