@@ -417,6 +417,8 @@ def main() -> None:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    if args.memory and not args.profile:
+        parser.error("--memory records one step of the --profile run: add --profile VARIANT")
     if args.worker:
         return trl_worker(args.worker, args, args.workdir)
     for variant in [args.profile] if args.profile else args.variants:
