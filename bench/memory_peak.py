@@ -17,16 +17,23 @@ INTERESTING = ("halo_core/", "transformers/", "trl/", "torch/distributed/fsdp/",
 def site(frames: list[dict]) -> str:
     """A short label for where an allocation was made: the first interesting Python frame and
     the first autograd node (a backward op's C++ frame), whichever exist."""
-    python = next((f for f in frames if any(part in f.get("filename", "") for part in INTERESTING)), None)
+    python = _interesting(frames)[:1]
     node = next((f["name"] for f in frames if "Backward" in f.get("name", "") and "::apply" in f.get("name", "")), None)
-    label = f"{python['filename'].split('site-packages/')[-1]}:{python['line']} {python['name']}" if python else "(no Python frame)"
+    label = _frame(python[0]) if python else "(no Python frame)"
     return label + (f" | {node.split('(')[0]}" if node else "")
 
 
 def stack(frames: list[dict], depth: int = 10) -> str:
     """The interesting Python frames of a stack, innermost first (where in the step it was)."""
-    chosen = [f for f in frames if any(part in f.get("filename", "") for part in INTERESTING)][:depth]
-    return "\n  " + "\n  ".join(f"{f['filename'].split('site-packages/')[-1]}:{f['line']} {f['name']}" for f in chosen)
+    return "\n  " + "\n  ".join(_frame(f) for f in _interesting(frames)[:depth])
+
+
+def _interesting(frames: list[dict]) -> list[dict]:
+    return [f for f in frames if any(part in f.get("filename", "") for part in INTERESTING)]
+
+
+def _frame(frame: dict) -> str:
+    return f"{frame['filename'].split('site-packages/')[-1]}:{frame['line']} {frame['name']}"
 
 
 def peak_breakdown(trace: list[dict], baseline: int, top: int = 25) -> str:
