@@ -7,7 +7,8 @@ three times a step and hold a second copy while it runs. Everything else is shar
 all data-parallel ranks (not over ``tp``: TP ranks hold the same data, and DTensor TP
 shards become the inner dimension of a 2-D layout), one FSDP unit per decoder layer (the
 model's own ``_no_split_modules``; ``fsdp_unit_layers`` groups consecutive ones), one each for the
-input embeddings and the output head unless they share their weight, and the root (the final
+input embeddings (gathered for forward only: a lookup's backward needs no weight) and the
+output head unless they share their weight, and the root (the final
 norm and what else is left). The expert units divide their reduced
 gradients by the data-parallel size rather than their own group's size, because each
 expert block's gradient already sums its EP group's tokens (see ``grads``).
@@ -70,10 +71,20 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
         # Its own unit, resharded after forward: in the root it stayed gathered beside the head all step.
         fully_shard(embeddings, mesh=dp_mesh)
         _sum_only(embeddings)
+        if _plain_lookup(embeddings):
+            embeddings.set_unshard_in_backward(False)
         if head is not None and model.base_model is not model:
             _shard_head(model.base_model, head, dp_mesh)
     fully_shard(model, mesh=dp_mesh, ignored_params=ignored)
     _sum_only(model)
+
+
+def _plain_lookup(embeddings: nn.Module) -> bool:
+    """Whether the unit's backward reads no parameter (a lookup's gradient needs only the ids), so FSDP2
+    need not gather it for backward. Not for subclasses with their own forward or parameters (a norm
+    inside, as Inkling2's embeddings have, reads its weight in backward: sharded, it crashes)."""
+    params = list(embeddings.parameters())
+    return type(embeddings).forward is nn.Embedding.forward and len(params) == 1 and params[0] is embeddings.weight
 
 
 def _shard_head(backbone: nn.Module, head: nn.Module, dp_mesh: DeviceMesh) -> None:
