@@ -96,18 +96,34 @@ def summarise(events: list[dict], profiled_steps: int) -> str:
     for e in events:
         if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation", "python_function"):
             host[e["tid"]].append(e)
-    for tid in host:
-        host[tid].sort(key=lambda e: e["ts"])
+    parents = {}
+    for tid, es in host.items():  # events on one thread nest: each one's parent, from one sweep
+        es.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack, parent = [], []
+        for i, e in enumerate(es):
+            while stack and es[stack[-1]]["ts"] + es[stack[-1]]["dur"] < e["ts"] + e["dur"]:
+                stack.pop()
+            parent.append(stack[-1] if stack else -1)
+            stack.append(i)
+        parents[tid] = parent
     starts = {tid: [e["ts"] for e in es] for tid, es in host.items()}
     sync_ends = sorted(e["ts"] + e["dur"] for e in events if e.get("cat") == "cuda_runtime" and e["name"] in SYNCS)
 
     def phase(launch) -> str:
-        es, at = host.get(launch["tid"], []), launch["ts"]
-        enclosing = [e for e in es[: bisect.bisect_right(starts.get(launch["tid"], []), at)] if e["ts"] + e["dur"] >= at]
-        for e in sorted(enclosing, key=lambda e: -e["ts"]):  # innermost first
+        tid, at = launch["tid"], launch["ts"]
+        es, parent = host.get(tid, []), parents.get(tid, [])
+        j = bisect.bisect_right(starts.get(tid, []), at) - 1  # the last event to start; what encloses `at` is it or an ancestor
+        while j >= 0 and es[j]["ts"] + es[j]["dur"] < at:
+            j = parent[j]
+        enclosing = []  # innermost first
+        while j >= 0:
+            enclosing.append(es[j])
+            j = parent[j]
+        for e in enclosing:
             if e["name"].startswith(PHASES):
                 return e["name"].split(" (")[0][:70]
-        return f"other: {enclosing[0]['name'][:60]}" if enclosing else "other: no host event"
+        outer = [e for e in enclosing if not e["name"].startswith("ProfilerStep#")]
+        return f"other: {outer[-1]['name'][:60]}" if outer else "other: no host event"
 
     first_kernel = {}
     for e in kernels:
