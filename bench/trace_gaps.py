@@ -158,6 +158,8 @@ def main() -> None:
     parser.add_argument("trace", nargs="+", help="chrome traces written by sft_vs_trl.py --profile")
     parser.add_argument("--steps", type=int, default=2, help="steps the trace holds, where it has no ProfilerStep marks (sft_vs_trl.py profiles 2)")
     args = parser.parse_args()
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: a trace holds at least one step; give the number of profiled steps (sft_vs_trl.py: 2)")
     for path in args.trace:
         with open(path) as f:
             print(f"{path}:\n{summarise(json.load(f)['traceEvents'], args.steps)}\n")
