@@ -22,6 +22,7 @@ A variant is a base and options joined by ``+``:
   +abNN               with +compile: ``activation_memory_budget: 0.NN`` (selective recomputation)
   +kahan              Halo: ``adamw_bf16_kahan: true`` (a bf16 compensation buffer instead of stochastic rounding)
   +unitN              Halo: ``fsdp_unit_layers: N`` (N consecutive decoder layers per FSDP2 unit)
+  +replicated         Halo: ``shard_parameters: false`` (no FSDP2: weights whole on every GPU, gradients all-reduced)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
   +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
@@ -93,13 +94,15 @@ def parse(variant: str) -> dict:
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan"}
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"}
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
-    if ({"liger-moe", "compile", "kahan"} & set(options) or units) and not base.startswith("halo"):
-        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan and +unitN are Halo options")
+    if ({"liger-moe", "compile", "kahan", "replicated"} & set(options) or units) and not base.startswith("halo"):
+        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan, +replicated and +unitN are Halo options")
+    if units and "replicated" in options:
+        raise SystemExit(f"{variant!r}: +unitN groups FSDP units, which +replicated has none of")
     if "tf-ep" in options and (base.startswith("halo") or "fsdp" in options):
         raise SystemExit(f"{variant!r}: +tf-ep is a stock-TRL option (it brings its own FSDP2)")
     return {
@@ -107,7 +110,7 @@ def parse(variant: str) -> dict:
         "fp32_weights": base == "trl-fp32-autocast", "liger": "liger" in options or "liger-moe" in options,
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
-        "unit_layers": int(units[0][4:]) if units else None,
+        "unit_layers": int(units[0][4:]) if units else None, "replicated": "replicated" in options,
     }
 
 
@@ -167,6 +170,8 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
         run["adamw_bf16_kahan"] = True
     if spec["unit_layers"]:
         run["fsdp_unit_layers"] = spec["unit_layers"]
+    if spec["replicated"]:
+        run["shard_parameters"] = False
     path = workdir / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(run))
     return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
@@ -293,7 +298,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         from halo_core.trainers.sft import HaloSFTTrainer
 
         trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
-                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"], fsdp_unit_layers=spec["unit_layers"] or 1), compile_layers=spec["compile"],
+                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"], fsdp_unit_layers=spec["unit_layers"] or 1, fsdp=not spec["replicated"]), compile_layers=spec["compile"],
                                  activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"])
     else:
         trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])

@@ -47,9 +47,10 @@ def single_process(tmp_path_factory):
     return out
 
 
-def test_expert_parallel_run_matches_the_single_process_run(single_process, tmp_path):
+@pytest.mark.parametrize("sharding", [[], ["--shard_parameters=false"]], ids=["fsdp", "replicated"])
+def test_expert_parallel_run_matches_the_single_process_run(single_process, tmp_path, sharding):
     out = tmp_path / "ep2"
-    launch(out, *COMMON, "--expert_parallel_size=2", "--per_device_train_batch_size=1", "--save_strategy=steps", "--save_steps=4", nproc=2)
+    launch(out, *COMMON, "--expert_parallel_size=2", *sharding, "--per_device_train_batch_size=1", "--save_strategy=steps", "--save_steps=4", nproc=2)
     expected, actual = losses(single_process), losses(out)
     assert len(expected) == 4 and actual == pytest.approx(expected, abs=1e-4)  # 4-digit rounding in the logs
     reference = weights(single_process)

@@ -90,6 +90,7 @@ def test_missing_required_fields_and_files(tmp_path):
         (["--experts_implementation=grouped-mm"], 2, "experts_implementation 'grouped-mm' is unknown; choose one of"),
         (["--experts_implementation=liger_moe"], 2, "experts_implementation 'liger_moe' cannot run here: it needs a CUDA GPU; use grouped_mm"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
+        (["--fsdp_unit_layers=8", "--shard_parameters=false"], 2, "fsdp_unit_layers=8 groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two"),
         (["--fsdp_unit_layers=0"], 2, "fsdp_unit_layers=0 must be a positive integer (consecutive decoder layers per FSDP unit; 1 = one unit per layer)"),
         (["--activation_memory_budget=0.5"], 2, "activation_memory_budget=0.5 applies to compiled layers only; set compile_layers: true or remove it"),
         (["--compile_layers=true", "--activation_memory_budget=1.5"], 2, "activation_memory_budget must be in (0, 1], got 1.5"),

@@ -36,6 +36,10 @@ class HaloArguments:
     context_parallel_attention: str = "ulysses"
     #: Expert token-dispatch back-end, by name in the ``halo.dispatchers`` entry-point group.
     ep_dispatcher: str = "torch"
+    #: FSDP2 over the data-parallel ranks (parameters, gradients and optimizer state sharded); false keeps
+    #: them whole on every rank and all-reduces the gradients after backward: more memory, fewer
+    #: collectives and less Python a step.
+    shard_parameters: bool = True
     #: Consecutive decoder layers per FSDP2 unit (fewer all-gathers and less Python a step, more
     #: unsharded parameters held at once); 1 = one unit per layer.
     fsdp_unit_layers: int = 1
@@ -59,5 +63,6 @@ class HaloArguments:
             cp=self.context_parallel_size,
             ep_dispatcher=self.ep_dispatcher,
             cp_attention=self.context_parallel_attention,
+            fsdp=self.shard_parameters,
             fsdp_unit_layers=self.fsdp_unit_layers,
         )

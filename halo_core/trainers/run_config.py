@@ -153,6 +153,8 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     method_splits = get_method(run.method).splits
     if run.halo.fsdp_unit_layers < 1:
         raise ConfigError(f"{run.source}: fsdp_unit_layers={run.halo.fsdp_unit_layers} must be a positive integer (consecutive decoder layers per FSDP unit; 1 = one unit per layer)")
+    if run.halo.fsdp_unit_layers > 1 and not run.halo.shard_parameters:
+        raise ConfigError(f"{run.source}: fsdp_unit_layers={run.halo.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two")
     try:
         dims = run.halo.parallel_config().resolve(world_size)
     except HaloError as exc:
