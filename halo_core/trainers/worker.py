@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import torch.distributed as dist
+
 from halo_core.trainers.method import get_method
 from halo_core.trainers.run_config import RunConfig
 
@@ -12,6 +14,11 @@ from halo_core.trainers.run_config import RunConfig
 def main(path: str) -> None:
     run = RunConfig.from_json(json.loads(open(path).read()))
     get_method(run.method).run(run)
+    if dist.is_initialized():
+        # Leave together, with the process group shut down: once in the suite, under load, a rank left
+        # with it up and aborted at interpreter exit ("terminate called without an active exception").
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
