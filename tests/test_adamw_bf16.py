@@ -162,3 +162,42 @@ def test_clipping_through_adamw_bf16_equals_clipping_the_gradients():
         optimizer.step()
     for (name, a), b in zip(models[0].named_parameters(), models[1].parameters()):
         assert torch.equal(a, b), name
+
+
+def _owed_division(rank, world):
+    from torch.distributed.tensor import DTensor
+
+    from halo_core import ParallelConfig, parallelize, sync_gradients
+    from halo_core.parallel.grads import clip_grad_norm_
+    from halo_core.testing.compare import assert_close
+    from halo_core.tiny import tiny_model
+    from halo_core.trainers.parts.optimizer import clip_gradients
+
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(rank))
+    for max_norm in (0.05, float("inf")):
+        divided, owing, folding = (parallelize(tiny_model("qwen3_moe", seed=4), ParallelConfig(ep=world)) for _ in range(3))
+        for model in (divided, owing, folding):
+            model(input_ids=ids, labels=ids).loss.backward()
+        sync_gradients(divided)
+        expected = clip_grad_norm_(divided, max_norm)
+        owed = sync_gradients(owing, divide=False)
+        assert owed == 1 / world
+        assert_close(clip_grad_norm_(owing, max_norm, owed=owed), expected, f"norm, max_norm={max_norm}")
+        for (name, a), b in zip(divided.named_parameters(), owing.parameters()):
+            local = [g.to_local() if isinstance(g, DTensor) else g for g in (b.grad, a.grad)]
+            assert_close(*local, f"{name}, max_norm={max_norm}")
+        # AdamWBF16 takes the owed factor and the clipping into its step; against a step on the divided, clipped gradients
+        stepped = [AdamWBF16(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (divided, folding)]
+        assert_close(clip_gradients(folding, stepped[1], max_norm, sync_gradients(folding, divide=False)), expected, "folded norm")
+        for optimizer in stepped:
+            optimizer.step()
+        for (name, a), b in zip(divided.named_parameters(), folding.parameters()):
+            assert_close(b.data, a.data, f"{name} after the folded step, max_norm={max_norm}")
+
+
+def test_the_data_parallel_division_can_ride_on_the_clipping():
+    """``sync_gradients(divide=False)`` leaves the sums and the owed 1/dp, which the clipping (or AdamWBF16's
+    step) applies in its own multiply: the same gradients, norm and step as dividing first, one pass fewer."""
+    from halo_core.testing.spawn import spawn
+
+    spawn(_owed_division, 2)

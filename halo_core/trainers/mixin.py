@@ -41,6 +41,7 @@ class DistributedTrainerMixin:
         self._halo_kahan = adamw_bf16_kahan
         self._halo_meter = ThroughputMeter()
         self._halo_staging = False
+        self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
 
     # -- optimizer -------------------------------------------------------------------------
@@ -56,7 +57,8 @@ class DistributedTrainerMixin:
         self._halo_meter.count(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
-            sync_gradients(self.model)
+            # Where the trainer clips next, the division by dp rides on the clipping's own multiply.
+            self._halo_owed = sync_gradients(self.model, divide=not self.args.max_grad_norm > 0)
         # Logged as the mean over ranks. compute_loss divided each rank's loss by cp x tp: for a TP rank the
         # quotient is its share of its pool's loss, as at tp=1; a CP rank holds only its chunk's part, so cp times it.
         return loss * layout_of(self.model).dims.cp
@@ -77,7 +79,8 @@ class DistributedTrainerMixin:
         return result / sharing
 
     def _clip_grad_norm(self, model):
-        return clip_gradients(self.model, self.optimizer, self.args.max_grad_norm)
+        owed, self._halo_owed = self._halo_owed, 1.0
+        return clip_gradients(self.model, self.optimizer, self.args.max_grad_norm, owed)
 
     def _get_grad_norm(self, model, grad_norm=None):
         return global_grad_norm(self.model) if grad_norm is None else grad_norm

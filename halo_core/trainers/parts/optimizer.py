@@ -32,16 +32,17 @@ def build_adamw_bf16(trainer, kahan: bool) -> AdamWBF16:
     )
 
 
-def clip_gradients(model, optimizer, max_norm: float) -> torch.Tensor:
-    """Global-norm clipping; return the norm before clipping.
+def clip_gradients(model, optimizer, max_norm: float, owed: float = 1.0) -> torch.Tensor:
+    """Global-norm clipping of gradients that still owe the factor ``owed`` (the data-parallel
+    average's division, from ``sync_gradients(divide=False)``); return the norm before clipping.
 
-    With AdamWBF16 the clipping factor goes into its next step (its kernel reads each
-    gradient once anyway) instead of a pass that rescales every gradient in place; the
-    ``.grad`` tensors then keep their unclipped values.
+    With AdamWBF16 the factor and the clipping go into its next step (its kernel reads each
+    gradient once anyway) instead of passes that rescale every gradient in place; the
+    ``.grad`` tensors then keep their summed, unclipped values.
     """
     inner = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's AcceleratedOptimizer
     if not isinstance(inner, AdamWBF16):
-        return clip_grad_norm_(model, max_norm)
-    total = global_grad_norm(model)
-    inner.scale_next_gradients(clip_factor(total, max_norm))
+        return clip_grad_norm_(model, max_norm, owed=owed)
+    total = global_grad_norm(model) * owed
+    inner.scale_next_gradients(clip_factor(total, max_norm) * owed)
     return total
