@@ -42,6 +42,7 @@ def test_overrides_win_and_yaml_scalars_are_version_1_2():
         (["--max_steps=2.5"], "max_steps must be int, got 2.5 (float)"),
         (["--expert_parallel_size=two"], "expert_parallel_size must be int, got 'two' (str)"),
         (["--random_init=maybe"], "random_init must be bool, got 'maybe' (str)"),
+        (["--shard_parameters=sometimes"], "shard_parameters must be bool, got 'sometimes' (str)"),
         (["--dataset=missing.jsonl"], "dataset[0].path 'missing.jsonl' does not exist"),
         (["--dataset=[{split: train}]"], "dataset[0] needs a 'path'"),
         (["--dataset=[{path: x.jsonl, splt: a}]"], "dataset[0]: unknown key 'splt'; did you mean 'split'?"),
