@@ -15,8 +15,7 @@ def main(path: str) -> None:
     run = RunConfig.from_json(json.loads(open(path).read()))
     get_method(run.method).run(run)
     if dist.is_initialized():
-        # Leave together, with the process group shut down: once in the suite, under load, a rank left
-        # with it up and aborted at interpreter exit ("terminate called without an active exception").
+        # Leave together with the process group shut down, as torch asks of every process before exit.
         dist.barrier()
         dist.destroy_process_group()
 
