@@ -145,6 +145,13 @@ def clip_factor(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     return torch.clamp(max_norm / (total_norm + 1e-6), max=1.0)
 
 
+def clip_scale(model: nn.Module, max_norm: float, owed: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global norm of gradients that still owe the factor ``owed`` (``sync_gradients(divide=False)``'s),
+    and the one factor that pays it and clips them."""
+    total = global_grad_norm(model) * owed
+    return total, clip_factor(total, max_norm) * owed
+
+
 @torch.no_grad()
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0, *, owed: float = 1.0) -> torch.Tensor:
     """Clip like ``torch.nn.utils.clip_grad_norm_`` on the whole model; return the global norm on every rank.
@@ -153,10 +160,9 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0, *
     """
     if norm_type != 2.0:
         raise ValueError(f"clip_grad_norm_ supports norm_type=2.0 only, got {norm_type}")
-    total = global_grad_norm(model) * owed
+    total, scale = clip_scale(model, max_norm, owed)
     if max_norm == float("inf") and owed == 1.0:
         return total
-    scale = clip_factor(total, max_norm) * owed
     grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
     for dtype in {g.dtype for g in grads}:
         torch._foreach_mul_([g for g in grads if g.dtype == dtype], scale.to(dtype))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from halo_core.optim import AdamWBF16
-from halo_core.parallel.grads import clip_factor, clip_grad_norm_, global_grad_norm
+from halo_core.parallel.grads import clip_grad_norm_, clip_scale
 
 
 def wants_adamw_bf16(args) -> bool:
@@ -43,6 +43,6 @@ def clip_gradients(model, optimizer, max_norm: float, owed: float = 1.0) -> torc
     inner = getattr(optimizer, "optimizer", optimizer)  # under Accelerate's AcceleratedOptimizer
     if not isinstance(inner, AdamWBF16):
         return clip_grad_norm_(model, max_norm, owed=owed)
-    total = global_grad_norm(model) * owed
-    inner.scale_next_gradients(clip_factor(total, max_norm) * owed)
+    total, scale = clip_scale(model, max_norm, owed)
+    inner.scale_next_gradients(scale)
     return total
