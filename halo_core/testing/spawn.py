@@ -13,6 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
+from halo_core.parallel.process_exit import leave
+
 
 def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> None:
     """Call ``fn(rank, world, *args)`` on every rank (``fn`` must be importable by name).
@@ -53,3 +55,6 @@ def _rank_main(rank: int, world: int, errors: str, fn: Callable[..., Any], args:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+    faulthandler.disable()
+    faults.close()
+    leave(0)

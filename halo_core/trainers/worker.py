@@ -7,6 +7,7 @@ import sys
 
 import torch.distributed as dist
 
+from halo_core.parallel.process_exit import leave
 from halo_core.trainers.method import get_method
 from halo_core.trainers.run_config import RunConfig
 
@@ -22,3 +23,4 @@ def main(path: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    leave(0)

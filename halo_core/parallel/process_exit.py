@@ -1,0 +1,31 @@
+"""A finished rank leaves without the interpreter's native teardown.
+
+About once in a few full runs of the suite, a rank aborted in native code after it had
+finished: results saved, process group destroyed, its function returned. The message was
+"terminate called without an active exception" (a C++ thread object destroyed while still
+joinable), or "Fatal Python error: Aborted" with no Python frame. The cause is not found.
+torch reports a likely one: Gloo's worker threads still hold tensors while the interpreter is
+torn down (pytorch/pytorch#179291).
+
+So once a rank is done, it does itself what Python's exit does at the Python level: it joins
+the threads that would be waited for, runs the exit handlers (logging, experiment trackers),
+and flushes its streams. Then it leaves before C++ objects are destroyed at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from typing import NoReturn
+
+
+def leave(code: int = 0) -> NoReturn:
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # noqa: SLF001 - Python's own exit sequence, run while the interpreter is whole
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
