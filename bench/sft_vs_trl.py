@@ -26,6 +26,8 @@ A variant is a base and options joined by ``+``:
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
   +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
+  +env.NAME=VALUE     the variant's processes run with that environment variable: an experiment's switch,
+                      timed against the plain row in one lease with ``--repeats 2`` (rows alternate)
 
 Each variant runs in its own processes (a fresh CUDA context), ``--repeats`` times, in turn.
 Workload: the standard benchmark config (``configs/qwen3-moe-3b.config.json``: Qwen3-MoE,
@@ -91,6 +93,8 @@ def flops_per_token(config, seq: int) -> float:
 
 def parse(variant: str) -> dict:
     base, *options = variant.split("+")
+    environment = dict(o[len("env."):].split("=", 1) for o in options if o.startswith("env.") and "=" in o)
+    options = [o for o in options if not (o.startswith("env.") and "=" in o)]
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
@@ -111,6 +115,7 @@ def parse(variant: str) -> dict:
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
         "unit_layers": int(units[0][4:]) if units else None, "replicated": "replicated" in options,
+        "environment": environment,
     }
 
 
@@ -319,7 +324,7 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
         from transformers import AutoConfig
 
         saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **spec["environment"]}
     if spec["halo"] and not args.profile:
         command = halo_command(variant, spec, args, workdir)
     else:
