@@ -147,10 +147,11 @@ def _float64_gradients(model, batches) -> dict[str, torch.Tensor] | None:
 
 def _check_gradient(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor | None, resolution: float, what: str) -> None:
     """Within 1e-5 of the single-process float32 gradient, or within 4 times its float32 ``resolution``
-    up to ``RESOLUTION_CAP`` (seen: a linear-attention ``dt_bias`` 1.7e-5 from one process, whose gradient moved 2.2e-5 and
-    4.0e-5 under two one-ulp moves of the weights). Else, where the single-process gradient is itself
-    farther than a quarter of 1e-5 from the float64 truth, no more than 4 times as far from the truth
-    as it is: two float32 results each about 5e-6 off the truth, on opposite sides, differ by 1e-5."""
+    up to ``RESOLUTION_CAP`` (seen: a linear-attention ``dt_bias`` 1.7e-5 from one process, whose
+    gradient moved 2.2e-5 and 4.0e-5 under two one-ulp moves of the weights). Else, where the
+    single-process gradient is itself farther than a quarter of 1e-5 from the float64 truth, no more
+    than 4 times as far from the truth as it is: two float32 results each about 5e-6 off the truth,
+    on opposite sides, differ by 1e-5."""
     error = relative_error(actual, expected)
     if error <= max(RTOL, min(4 * resolution, RESOLUTION_CAP)):
         return
