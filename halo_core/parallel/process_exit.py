@@ -7,9 +7,9 @@ joinable), or "Fatal Python error: Aborted" with no Python frame. The cause is n
 torch reports a likely one: Gloo's worker threads still hold tensors while the interpreter is
 torn down (pytorch/pytorch#179291).
 
-So once a rank is done, it does itself what Python's exit does at the Python level: it joins
-the threads that would be waited for, runs the exit handlers (logging, experiment trackers),
-and flushes its streams. Then it leaves before C++ objects are destroyed at interpreter exit.
+So once a rank is done, it does itself what Python's exit does at the Python level: it stops
+executors' workers and joins the threads that would be waited for, runs the exit handlers
+(logging, experiment trackers), and flushes its streams. Then it leaves before C++ objects are destroyed at interpreter exit.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ from typing import NoReturn
 
 
 def leave(code: int = 0) -> NoReturn:
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # noqa: SLF001 - Python's own exit sequence, run while the interpreter is whole
+    """Call from the main thread, once the rank is done."""
+    # Python's own exit sequence, run while the interpreter is whole: the threading module's exit
+    # callbacks (executors stop their workers there; joining those first would wait forever), the
+    # join of non-daemon threads, then the atexit handlers.
+    threading._shutdown()  # noqa: SLF001
+    atexit._run_exitfuncs()  # noqa: SLF001
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(code)
