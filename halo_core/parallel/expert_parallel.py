@@ -4,8 +4,10 @@ Each EP rank keeps a contiguous block of ``num_experts / ep`` experts of the mod
 fused 3-D parameters. The model keeps its router; its experts forward is switched to the
 ``halo_ep`` implementation registered in transformers' ``ALL_EXPERTS_FUNCTIONS``, which
 sends each (token, expert) pair to the rank owning the expert, runs the experts
-implementation the model was using (``grouped_mm`` by default) on the local block,
-sends the results back and combines them with the routing weights where they came from.
+implementation the model was using on the local block (for ``grouped_mm``, the default, its
+arithmetic on the rows as they arrive: ``grouped_experts``), sends the results back and
+combines them with the routing weights where they came from. Every reordering of pairs has a
+backward that gathers (``row_order``).
 With expert-tensor parallelism the same path runs on the tokens its ETP group gathered,
 on a slice of each expert's intermediate dimension (``expert_tensor_parallel``).
 """
@@ -21,6 +23,8 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from halo_core.errors import LayoutError
 from halo_core.parallel import expert_tensor_parallel as etp_engine
+from halo_core.parallel import grouped_experts
+from halo_core.parallel.row_order import ExpandToPairs, PermuteRows, inverse_permutation
 from halo_core.parallel.dispatch import TokenDispatcher
 
 IMPLEMENTATION = "halo_ep"
@@ -113,27 +117,6 @@ def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_
     return etp_engine.ReduceScatterRows.apply(partial, counts, shard.etp_rank, shard.etp_group)
 
 
-class ExpandToPairs(torch.autograd.Function):
-    """Row ``i``: the token of pair ``order[i]`` (pairs numbered token-major, ``top_k`` a token).
-
-    The backward puts the rows' gradients back in pair order (a permutation: no two writes to
-    one row) and sums each token's ``top_k`` of them, where autograd's ``index_select`` backward
-    would add each row into its token with atomic adds (4.3 ms a step on the benchmark model's
-    EP2, measured on the H200)."""
-
-    @staticmethod
-    def forward(ctx, hidden_states: torch.Tensor, order: torch.Tensor, top_k: int) -> torch.Tensor:
-        ctx.save_for_backward(order)
-        ctx.top_k = top_k
-        return hidden_states.index_select(0, torch.div(order, top_k, rounding_mode="floor"))
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (order,) = ctx.saved_tensors
-        per_pair = torch.empty_like(grad).index_copy_(0, order, grad)
-        return per_pair.view(-1, ctx.top_k, grad.shape[-1]).sum(dim=1), None, None
-
-
 def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, top_k_index, top_k_weights) -> torch.Tensor:
     """Expert ids outside ``[0, num_experts)`` (a router's "skip" class, transformers' EP
     sentinels) are sent nowhere and contribute nothing, as in transformers' implementations.
@@ -149,18 +132,22 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     # Not bincount: its output size depends on the data (a host sync, and a graph break in compiled layers).
     counts = expert_ids.new_zeros(shard.num_experts + 1).scatter_add_(0, expert_ids, torch.ones_like(expert_ids))
     counts = counts[: shard.num_experts].view(shard.ep_size, shard.count)
-    tokens = ExpandToPairs.apply(hidden_states, order, top_k)
+    inverse = inverse_permutation(order)
+    tokens = ExpandToPairs.apply(hidden_states, order, inverse, top_k)
 
     received, received_counts, handle = shard.dispatcher.dispatch(tokens, counts)
     local_experts = torch.arange(shard.count, device=received.device).repeat(received_counts.shape[0])
     received_ids = local_experts.repeat_interleave(received_counts.reshape(-1), output_size=received.shape[0])
-    ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
-    expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
+    if grouped_experts.handles(shard.inner):
+        expert_output = grouped_experts.grouped_mm_received(self, received, received_ids, received_counts)
+    else:
+        ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
+        expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
     if shard.etp_rank > 0:  # a whole down-projection bias counts once per ETP group: the first rank's
         for name in shard.etp_whole:
             expert_output = expert_output - getattr(self, name).index_select(0, received_ids).to(expert_output.dtype)
     returned = shard.dispatcher.combine(expert_output, handle)  # row i: the pair order[i]
-    per_pair = torch.empty_like(returned).index_copy(0, order, returned).view(num_tokens, top_k, -1)
+    per_pair = PermuteRows.apply(returned, inverse, order).view(num_tokens, top_k, -1)
     return (per_pair * top_k_weights.unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
 
 

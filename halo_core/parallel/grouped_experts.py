@@ -1,0 +1,54 @@
+"""The receiving rank's experts, on rows that arrive grouped by (source rank, local expert).
+
+transformers' ``grouped_mm`` implementation, called on these rows as one pair per row with
+unit weights, sorts them by expert again, weights them by ones, and restores their order by
+advanced indexing, whose backward adds into zero-filled buffers (atomic adds on the GPU)
+although each order is a permutation. Here the expert-major order is applied and undone by
+gathers whose backwards are gathers too (``row_order``), and needs none with one source. The
+expert arithmetic is transformers' own (``_grouped_linear``, the module's ``_apply_gate``,
+biases and post-expert norm as its ``grouped_mm`` applies them), so results match it.
+
+Measured on one H200 (agent-docs/benchmarks.md, seventh session): with the sender's gathers in
+``row_order``, an EP layer over a one-rank group took 5.0 ms against 5.8 for a forward and
+backward of 4,096 tokens. As a replacement for transformers' ``grouped_mm`` at EP1 the same
+pieces gained nothing measurable, so EP1 keeps transformers' own.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear
+
+from halo_core.parallel.row_order import PermuteRows, inverse_permutation
+
+
+def handles(inner) -> bool:
+    """Whether ``inner`` (the experts implementation the model was using) is the one this replaces."""
+    return inner is ALL_EXPERTS_FUNCTIONS["grouped_mm"]
+
+
+def grouped_mm_received(experts: nn.Module, rows: torch.Tensor, expert_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Each received row through its local expert, in the rows' order. ``expert_ids``: each row's local
+    expert; ``counts[s, e]``: rows from source ``s`` for expert ``e`` (rows grouped so)."""
+    per_expert = counts.sum(0)
+    if counts.shape[0] == 1:  # one source: already expert-major
+        return _expert_rows(experts, rows, expert_ids, per_expert)
+    order = torch.argsort(expert_ids, stable=True)  # expert-major position -> row
+    inverse = inverse_permutation(order)
+    out = _expert_rows(experts, PermuteRows.apply(rows, order, inverse), expert_ids.index_select(0, order), per_expert)
+    return PermuteRows.apply(out, inverse, order)
+
+
+def _expert_rows(experts: nn.Module, rows: torch.Tensor, ids: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
+    """Rows grouped by expert, ``per_expert`` each (``ids``: each row's expert), through their experts."""
+    offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
+    up, up_bias = (experts.gate_up_proj, "gate_up_proj_bias") if experts.has_gate else (experts.up_proj, "up_proj_bias")
+    out = _grouped_linear(rows, up, offsets, bias=_bias(experts, up_bias, ids), is_transposed=experts.is_transposed)
+    out = experts._apply_gate(out) if experts.has_gate else experts.act_fn(out)
+    out = _grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
+    return experts.post_expert_norm(out) if experts.has_post_expert_norm else out
+
+
+def _bias(experts: nn.Module, name: str, ids: torch.Tensor):
+    return getattr(experts, name)[ids] if experts.has_bias else None
