@@ -4,7 +4,8 @@ Single GPU (EP=1 rows):    python3 bench/moe_layer.py --out moe_ep1.json
 Two GPUs   (EP=2 row):     torchrun --nproc-per-node 2 bench/moe_layer.py --ep 2 --out moe_ep2.json
 Halo's EP path on one GPU: python3 bench/moe_layer.py --implementations grouped_mm halo_local halo_loopback --compile
 
-``halo_local`` runs Halo's expert-parallel path with every expert on this rank (no exchange);
+``halo_local`` runs Halo's expert-parallel path with every expert on this rank (no exchange; its
+dispatcher reads the pair count back, a graph break under ``--compile``);
 ``halo_loopback`` runs it over a one-rank process group, so the all-to-alls are local copies and
 the count read-back happens: what EP costs on one GPU apart from waiting for other ranks.
 ``--compile`` compiles the block as ``compile_layers`` compiles a decoder layer.
