@@ -84,5 +84,8 @@ def test_received_rows_match_transformers_grouped_mm(model_type, overrides, sour
 
 
 def test_only_transformers_grouped_mm_is_replaced():
-    assert grouped_experts.handles(ALL_EXPERTS_FUNCTIONS["grouped_mm"])
-    assert not grouped_experts.handles(ALL_EXPERTS_FUNCTIONS["batched_mm"])
+    experts = _experts("qwen3_moe", {})
+    assert grouped_experts.handles(experts, ALL_EXPERTS_FUNCTIONS["grouped_mm"])
+    assert not grouped_experts.handles(experts, ALL_EXPERTS_FUNCTIONS["batched_mm"])
+    # A module without transformers' experts attributes (an older transformers): its own implementation runs.
+    assert not grouped_experts.handles(torch.nn.Module(), ALL_EXPERTS_FUNCTIONS["grouped_mm"])

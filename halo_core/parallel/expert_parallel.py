@@ -138,7 +138,7 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     received, received_counts, handle = shard.dispatcher.dispatch(tokens, counts)
     local_experts = torch.arange(shard.count, device=received.device).repeat(received_counts.shape[0])
     received_ids = local_experts.repeat_interleave(received_counts.reshape(-1), output_size=received.shape[0])
-    if grouped_experts.handles(shard.inner):
+    if grouped_experts.handles(self, shard.inner):
         expert_output = grouped_experts.grouped_mm_received(self, received, received_ids, received_counts)
     else:
         ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)

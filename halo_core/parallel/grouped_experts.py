@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _grouped_linear
+from transformers.integrations import moe
 
 from halo_core.parallel.row_order import PermuteRows, inverse_permutation
 
 
-def handles(inner) -> bool:
-    """Whether ``inner`` (the experts implementation the model was using) is the one this replaces."""
-    return inner is ALL_EXPERTS_FUNCTIONS["grouped_mm"]
+_NEEDS = ("has_gate", "has_bias", "is_transposed", "_apply_gate")
+
+
+def handles(experts: nn.Module, inner) -> bool:
+    """Whether ``inner`` (the experts implementation the model was using) is the one this replaces, in a
+    transformers that has what this calls (``transformers>=5.17`` is allowed; this was read off 5.23)."""
+    return inner is moe.ALL_EXPERTS_FUNCTIONS["grouped_mm"] and hasattr(moe, "_grouped_linear") and all(hasattr(experts, n) for n in _NEEDS)
 
 
 def grouped_mm_received(experts: nn.Module, rows: torch.Tensor, expert_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -44,10 +48,10 @@ def _expert_rows(experts: nn.Module, rows: torch.Tensor, ids: torch.Tensor, per_
     """Rows grouped by expert, ``per_expert`` each (``ids``: each row's expert), through their experts."""
     offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
     up, up_bias = (experts.gate_up_proj, "gate_up_proj_bias") if experts.has_gate else (experts.up_proj, "up_proj_bias")
-    out = _grouped_linear(rows, up, offsets, bias=_bias(experts, up_bias, ids), is_transposed=experts.is_transposed)
+    out = moe._grouped_linear(rows, up, offsets, bias=_bias(experts, up_bias, ids), is_transposed=experts.is_transposed)
     out = experts._apply_gate(out) if experts.has_gate else experts.act_fn(out)
-    out = _grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
-    return experts.post_expert_norm(out) if experts.has_post_expert_norm else out
+    out = moe._grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
+    return experts.post_expert_norm(out) if getattr(experts, "has_post_expert_norm", False) else out
 
 
 def _bias(experts: nn.Module, name: str, ids: torch.Tensor):
