@@ -8,10 +8,10 @@ gathers whose backwards are gathers too (``row_order``), and needs none with one
 expert arithmetic is transformers' own (``_grouped_linear``, the module's ``_apply_gate``,
 biases and post-expert norm as its ``grouped_mm`` applies them), so results match it.
 
-Measured on one H200 (agent-docs/benchmarks.md, seventh session): with the sender's gathers in
-``row_order``, an EP layer over a one-rank group took 5.0 ms against 5.8 for a forward and
-backward of 4,096 tokens. As a replacement for transformers' ``grouped_mm`` at EP1 the same
-pieces gained nothing measurable, so EP1 keeps transformers' own.
+Measured on two H200s (agent-docs/benchmarks.md, seventh session): with the sender's gathers in
+``row_order``, a compiled EP2 layer's forward and backward of 4,096 tokens a GPU took 5.9 ms
+against 6.6 before. As a replacement for transformers' ``grouped_mm`` at EP1 the same pieces
+gained nothing measurable on one H200, so EP1 keeps transformers' own.
 """
 
 from __future__ import annotations
