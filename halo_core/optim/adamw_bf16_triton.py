@@ -1,7 +1,11 @@
 """The fused Triton kernel of ``AdamWBF16``: one pass over parameter, gradient and both moments.
 
-Same arithmetic and the same random bits as ``adamw_bf16.reference_update`` (the hash is
-``rounding.hash32`` in 64-bit integers masked to 32 bits). The compiler may contract a
+Same arithmetic and the same random bits as ``adamw_bf16.reference_update``. The reference
+hashes in 64-bit integers masked to 32 bits (``rounding.hash32``); below 2**32 elements a tensor's
+indices fit in 32 bits, where that hash is exactly 32-bit arithmetic with wrap-around, so the
+kernel hashes in ``uint32``: 64-bit multiplies are several instructions each on the GPU, and three
+hashes an element made the kernel instruction-bound rather than bandwidth-bound. Larger
+tensors keep the 64-bit hash. The compiler may contract a
 multiply and an add into one fused operation where PyTorch rounds twice, so results can
 differ from the reference in the last bit of fp32 before rounding; ``bench/adamw_bf16.py``
 measures how often that changes a stored bf16 value.
@@ -26,9 +30,15 @@ def _hash32(x):
 
 
 @triton.jit
-def _stochastic_round(value, offsets, key):
-    bits = value.to(tl.uint32, bitcast=True).to(tl.uint64)
-    noise = _hash32(offsets.to(tl.uint64) ^ key) & 0xFFFF
+def _stochastic_round(value, offsets, key, WIDE_INDEX: tl.constexpr):
+    # In uint32, bits + noise cannot wrap for a finite value (at most 0xFF7FFFFF + 0xFFFF);
+    # non-finite values are passed through below.
+    if WIDE_INDEX:
+        bits = value.to(tl.uint32, bitcast=True).to(tl.uint64)
+        noise = _hash32(offsets.to(tl.uint64) ^ key) & 0xFFFF
+    else:
+        bits = value.to(tl.uint32, bitcast=True)
+        noise = _hash32(offsets.to(tl.uint32) ^ key) & 0xFFFF
     rounded = ((bits + noise) & 0xFFFF0000).to(tl.uint32).to(tl.float32, bitcast=True)
     finite = (bits & 0x7F800000) != 0x7F800000
     return tl.where(finite, rounded, value).to(tl.bfloat16)
@@ -42,7 +52,8 @@ def _adamw_bf16_kernel(
     p_ptr, g_ptr, m_ptr, v_ptr, c_ptr, scale_ptr, n,
     beta1, one_minus_beta1, beta2, one_minus_beta2, eps, decay, step_size, bias_correction2_sqrt,
     key_p, key_m, key_v,
-    HAS_COMPENSATION: tl.constexpr, HAS_SCALE: tl.constexpr, P_BF16: tl.constexpr, M_BF16: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_COMPENSATION: tl.constexpr, HAS_SCALE: tl.constexpr, P_BF16: tl.constexpr, M_BF16: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
@@ -61,12 +72,12 @@ def _adamw_bf16_kernel(
         tl.store(p_ptr + offsets, stored, mask=mask)
         tl.store(c_ptr + offsets, (p - stored.to(tl.float32)).to(tl.bfloat16), mask=mask)
     elif P_BF16:
-        tl.store(p_ptr + offsets, _stochastic_round(p, offsets, key_p), mask=mask)
+        tl.store(p_ptr + offsets, _stochastic_round(p, offsets, key_p, WIDE_INDEX), mask=mask)
     else:
         tl.store(p_ptr + offsets, p, mask=mask)
     if M_BF16:
-        tl.store(m_ptr + offsets, _stochastic_round(m, offsets, key_m), mask=mask)
-        tl.store(v_ptr + offsets, _stochastic_round(v, offsets, key_v), mask=mask)
+        tl.store(m_ptr + offsets, _stochastic_round(m, offsets, key_m, WIDE_INDEX), mask=mask)
+        tl.store(v_ptr + offsets, _stochastic_round(v, offsets, key_v, WIDE_INDEX), mask=mask)
     else:
         tl.store(m_ptr + offsets, m, mask=mask)
         tl.store(v_ptr + offsets, v, mask=mask)
@@ -83,5 +94,5 @@ def fused_update(param, grad, exp_avg, exp_avg_sq, compensation, gradient_scale,
         hyper["beta1"], hyper["one_minus_beta1"], hyper["beta2"], hyper["one_minus_beta2"], hyper["eps"],
         hyper["decay"], hyper["step_size"], hyper["bias_correction2_sqrt"], *keys,
         HAS_COMPENSATION=compensation is not None, HAS_SCALE=gradient_scale is not None, P_BF16=param.dtype == torch.bfloat16,
-        M_BF16=exp_avg.dtype == torch.bfloat16, BLOCK=BLOCK,
+        M_BF16=exp_avg.dtype == torch.bfloat16, WIDE_INDEX=n > 2**32, BLOCK=BLOCK,
     )
