@@ -29,6 +29,20 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(budget):
                 assert_close(b.grad, a.grad, f"gradient of {name}")
 
 
+def test_one_compilation_serves_every_layer_past_dynamos_recompile_limit():
+    """A compile per layer made a backend per layer, dynamo recompiled for each, and the layers past its
+    recompile limit ran eager without a word (a 16-layer model on the GPU: 13% slower, 2.3 GiB more)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    layers = torch._dynamo.config.recompile_limit + 2
+    model = parallelize(tiny_model("qwen3", {"num_hidden_layers": layers}), ParallelConfig()).train()
+    assert compile_decoder_layers(model) == layers
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(torch.seed() % 2**31))
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["recompiles"], dict(torch._dynamo.utils.counters["recompiles"])
+
+
 def test_a_model_without_declared_layers_is_refused():
     model = parallelize(tiny_model("qwen3_moe"), ParallelConfig())
     model._no_split_modules = None  # as a custom model that declares no repeated block

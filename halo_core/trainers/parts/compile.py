@@ -12,6 +12,8 @@ received row count the trace carries as a data-dependent size
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 from torch._functorch import config as functorch_config
@@ -24,6 +26,10 @@ from halo_core.parallel.layout_state import layout_of
 #: Inductor fails tracing the DTensor layers of a TP layout (RecursionError in proxy tracing on the recompile with
 #: dynamic shapes, torch 2.13; it looks like pytorch/pytorch#152954).
 TP_UNSUPPORTED = "compile_layers does not work with tensor_parallel_size > 1 yet (torch.compile fails on the DTensor layers); set one of them off"
+
+
+#: Every layer compile's options: inductor's joint-graph pass that keeps the EP exchanges for backward.
+_OPTIONS = {"joint_custom_pre_pass": row_exchange.KeepExchangesForBackward()}
 
 
 def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | None = None) -> int:
@@ -44,6 +50,17 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
             f"compile_layers: {type(model).__name__} names no decoder layer class in _no_split_modules, so Halo cannot "
             f"tell which blocks repeat; set compile_layers: false"
         )
+    # One torch.compile per forward function, bound to each layer: torch.compile called once per layer makes a
+    # backend each time, and dynamo recompiles on every new backend (BACKEND_MATCH) until its recompile
+    # limit (8), past which layers silently ran eager (a 16-layer model: 13% slower, 2.3 GiB more, measured).
+    compiled: dict = {}
     for layer in layers:
-        layer.forward = torch.compile(layer.forward, options={"joint_custom_pre_pass": row_exchange.KeepExchangesForBackward()})
+        forward = layer.forward
+        function = getattr(forward, "__func__", None)
+        if function is None or forward.__self__ is not layer:  # not a method of this layer: compiled on its own
+            layer.forward = torch.compile(forward, options=_OPTIONS)
+            continue
+        if function not in compiled:
+            compiled[function] = torch.compile(function, options=_OPTIONS)
+        layer.forward = types.MethodType(compiled[function], layer)
     return len(layers)
