@@ -28,6 +28,8 @@ A variant is a base and options joined by ``+``:
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
   +env.NAME=VALUE     the variant's processes run with that environment variable: an experiment's switch,
                       timed against the plain row in one lease with ``--repeats 2`` (rows alternate)
+  +tree.NAME          Halo: the row runs the halo_core and halo_cli of the checkout ``--tree NAME=DIR`` names
+                      (e.g. ``git archive COMMIT | tar -x -C DIR``): two code versions alternated in one lease
 
 Each variant runs in its own processes (a fresh CUDA context), ``--repeats`` times, in turn.
 Workload: the standard benchmark config (``configs/qwen3-moe-3b.config.json``: Qwen3-MoE,
@@ -94,7 +96,8 @@ def flops_per_token(config, seq: int) -> float:
 def parse(variant: str) -> dict:
     base, *options = variant.split("+")
     environment = dict(o[len("env."):].split("=", 1) for o in options if o.startswith("env.") and "=" in o)
-    options = [o for o in options if not (o.startswith("env.") and "=" in o)]
+    trees = [o[len("tree."):] for o in options if o.startswith("tree.") and len(o) > len("tree.")]
+    options = [o for o in options if not (o.startswith("env.") and "=" in o) and not (o.startswith("tree.") and len(o) > len("tree."))]
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
@@ -103,8 +106,8 @@ def parse(variant: str) -> dict:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
-    if ({"liger-moe", "compile", "kahan", "replicated"} & set(options) or units) and not base.startswith("halo"):
-        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan, +replicated and +unitN are Halo options")
+    if ({"liger-moe", "compile", "kahan", "replicated"} & set(options) or units or trees) and not base.startswith("halo"):
+        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan, +replicated, +unitN and +tree.NAME are Halo options")
     if units and "replicated" in options:
         raise SystemExit(f"{variant!r}: +unitN groups FSDP units, which +replicated has none of")
     if "tf-ep" in options and (base.startswith("halo") or "fsdp" in options):
@@ -115,8 +118,22 @@ def parse(variant: str) -> dict:
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
         "unit_layers": int(units[0][4:]) if units else None, "replicated": "replicated" in options,
-        "environment": environment,
+        "environment": environment, "tree": trees[0] if trees else None,
     }
+
+
+def row_process(spec: dict, trees: dict[str, Path]) -> tuple[dict, Path | None]:
+    """The environment and working directory of a row's processes. A ``+tree.NAME`` row starts in that
+    checkout with it first on the path: ``python -m`` puts the working directory ahead of everything,
+    so the checkout's halo_core is imported, not the installed one."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **spec["environment"]}
+    if spec["tree"] is None:
+        return env, None
+    if spec["tree"] not in trees:
+        raise SystemExit(f"+tree.{spec['tree']}: no checkout of that name; add --tree {spec['tree']}=DIR")
+    tree = trees[spec["tree"]].resolve()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree), env.get("PYTHONPATH", "")) if p)
+    return env, tree
 
 
 def prepare(workdir: Path, config: Path, seq: int, rows: int, dataset: Path | None) -> None:
@@ -324,7 +341,7 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
         from transformers import AutoConfig
 
         saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **spec["environment"]}
+    env, cwd = row_process(spec, args.tree)
     if spec["halo"] and not args.profile:
         command = halo_command(variant, spec, args, workdir)
     else:
@@ -334,7 +351,7 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
         command = launcher + script
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.timeout)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=args.timeout)
     if done.returncode:
         return {"variant": variant, "error": (done.stdout + done.stderr)[-2500:]}
     if spec["halo"] and not args.profile:
@@ -426,13 +443,17 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/halo-bench"))
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--tree", action="append", default=[], metavar="NAME=DIR", help="a checkout a +tree.NAME row runs")
     args = parser.parse_args()
+    if any("=" not in t for t in args.tree):
+        parser.error("--tree takes NAME=DIR")
+    args.tree = {name: Path(folder) for name, folder in (t.split("=", 1) for t in args.tree)}
     if args.memory and not args.profile:
         parser.error("--memory records one step of the --profile run: add --profile VARIANT")
     if args.worker:
         return trl_worker(args.worker, args, args.workdir)
     for variant in [args.profile] if args.profile else args.variants:
-        parse(variant)  # a typo fails here, not after the first rows ran
+        row_process(parse(variant), args.tree)  # a typo or a missing checkout fails here, not after the first rows ran
     prepare(args.workdir, args.config, args.seq, args.steps * args.batch * args.nproc + 8, args.dataset)
     rate = matmul_rate()
     torch.cuda.empty_cache()

@@ -1,6 +1,8 @@
 """bench/sft_vs_trl.py's variant names: what each option asks for, and typos refused before any row runs."""
 
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,3 +29,31 @@ def test_an_experiment_switch_travels_as_an_environment_variable(harness):
 def test_an_unknown_option_is_refused(harness, variant):
     with pytest.raises(SystemExit, match="unknown variant"):
         harness.parse(variant)
+
+
+def test_a_tree_row_imports_that_checkouts_halo_core(harness, tmp_path):
+    """``python -m`` puts the working directory first on the path: a row started elsewhere would import
+    the installed halo_core whatever PYTHONPATH says."""
+    (tmp_path / "halo_core").mkdir()
+    (tmp_path / "halo_core" / "__init__.py").write_text("VERSION = 'the other checkout'\n")
+    (tmp_path / "probe.py").write_text("import halo_core\nprint(getattr(halo_core, 'VERSION', 'installed'))\n")
+    spec = harness.parse("halo-ep2+compile+tree.other")
+    assert (spec["tree"], spec["compile"]) == ("other", True)
+    env, cwd = harness.row_process(spec, {"other": tmp_path})
+    assert cwd == tmp_path.resolve()
+    done = subprocess.run([sys.executable, "-m", "probe"], env=env, cwd=cwd, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "the other checkout"  # halo launch rows: python -m halo_cli
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "probe.py").write_text((tmp_path / "probe.py").read_text())
+    done = subprocess.run([sys.executable, str(elsewhere / "probe.py")], env=env, cwd=cwd, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "the other checkout"  # --profile rows: this script by its path, which leads sys.path
+    env, cwd = harness.row_process(harness.parse("halo-ep2+compile"), {"other": tmp_path})
+    assert cwd is None and env.get("PYTHONPATH", "").split(":")[0] != str(tmp_path.resolve())
+
+
+def test_a_tree_row_without_its_checkout_or_on_a_trl_row_is_refused(harness):
+    with pytest.raises(SystemExit, match="add --tree other=DIR"):
+        harness.row_process(harness.parse("halo-ep2+tree.other"), {})
+    with pytest.raises(SystemExit, match="Halo options"):
+        harness.parse("trl-bf16+tree.other")
