@@ -96,15 +96,15 @@ def flops_per_token(config, seq: int) -> float:
 def parse(variant: str) -> dict:
     base, *options = variant.split("+")
     environment = dict(o[len("env."):].split("=", 1) for o in options if o.startswith("env.") and "=" in o)
-    trees = [o[len("tree."):] for o in options if o.startswith("tree.") and len(o) > len("tree.")]
-    options = [o for o in options if not (o.startswith("env.") and "=" in o) and not (o.startswith("tree.") and len(o) > len("tree."))]
+    trees = [o[len("tree."):] for o in options if o.startswith("tree.")]
+    options = [o for o in options if not (o.startswith("env.") and "=" in o) and not o.startswith("tree.")]
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
     known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"}
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
-    if set(options) - known or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
+    if set(options) - known or "" in trees or len(trees) > 1 or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
     if ({"liger-moe", "compile", "kahan", "replicated"} & set(options) or units or trees) and not base.startswith("halo"):
         raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan, +replicated, +unitN and +tree.NAME are Halo options")

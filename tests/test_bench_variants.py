@@ -25,7 +25,7 @@ def test_an_experiment_switch_travels_as_an_environment_variable(harness):
     assert harness.parse("halo-ep2+compile")["environment"] == {}
 
 
-@pytest.mark.parametrize("variant", ["halo-ep2+env.HALO_EP_OVERLAP", "halo-ep2+compiled"])
+@pytest.mark.parametrize("variant", ["halo-ep2+env.HALO_EP_OVERLAP", "halo-ep2+compiled", "halo-ep2+tree.", "halo-ep2+tree.a+tree.b"])
 def test_an_unknown_option_is_refused(harness, variant):
     with pytest.raises(SystemExit, match="unknown variant"):
         harness.parse(variant)
