@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
+from halo_core.hf_config import text_config
 
 #: Sizes that make a model build and run in milliseconds on a CPU. Applied only to fields the
 #: config actually has, so a family's config never grows unknown attributes.
@@ -55,13 +56,13 @@ def top_k_key(model_type: str) -> str | None:
     from transformers import AutoConfig
 
     config = AutoConfig.for_model(model_type)
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = text_config(config)
     fields = config.to_dict()
     return next((k for k in TOP_K_KEYS if k in fields), None)
 
 
 def config_top_k(config) -> int:
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    config = text_config(config)
     return next(getattr(config, k) for k in TOP_K_KEYS if getattr(config, k, None))
 
 

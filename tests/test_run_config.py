@@ -81,13 +81,13 @@ def test_missing_required_fields_and_files(tmp_path):
     "overrides, world, message",
     [
         ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
-        (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide"),
+        (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size ep=3 does not divide; choose ep among [1]"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=4"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--context_parallel_size=2"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=2 times context_parallel_size cp=2"),
-        (["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"], 3, "expert_tensor_parallel_size=3 does not divide the experts' intermediate size 64"),
+        (["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"], 3, "the experts: intermediate size 64 is not divisible by expert_tensor_parallel_size etp=3"),
         (["--expert_parallel_size=1", "--context_parallel_size=2", "--context_parallel_attention=spiral"], 2, "ParallelConfig.cp_attention='spiral' is unknown; choose one of ['ulysses', 'ring']"),
         (["--expert_parallel_size=1", "--context_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
-        (["--ep_dispatcher=deepep"], 2, "ep_dispatcher 'deepep' is not installed; available: ['torch']"),
+        (["--ep_dispatcher=deepep"], 2, "ep_dispatcher='deepep' is unknown; available: ['torch']"),
         (["--experts_implementation=grouped-mm"], 2, "experts_implementation 'grouped-mm' is unknown; choose one of"),
         (["--experts_implementation=liger_moe"], 2, "experts_implementation 'liger_moe' cannot run here: it needs a CUDA GPU; use grouped_mm"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=3"], 4, "world size 4 is not divisible by cp*tp = 1*3 = 3"),
@@ -160,3 +160,12 @@ def test_dry_run_shows_every_ranks_coordinates_in_a_composed_layout():
     rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in result.stdout.splitlines() if re.match(r"^│ \d", line)]
     # columns: rank, dp, ep, ep_replica, cp, tp, etp; tp fastest, then ep, then cp
     assert rows[5] == ["5", "0", "0", "0", "1", "1", "0"] and rows[2] == ["2", "1", "1", "0", "0", "0", "0"]
+
+
+def test_etp_slices_grouped_mm_cannot_take_are_refused_before_start():
+    """grouped_mm needs 16-byte rows: 64 columns over etp=16 leave 4, 8 bytes in bf16 (16 in float32)."""
+    wide = ["--expert_parallel_size=1", "--expert_tensor_parallel_size=16"]
+    with pytest.raises(ConfigError, match=re.escape("leaves slices of 4 columns (8 bytes at 2 bytes an element), but grouped_mm needs rows of a multiple of 16 bytes; choose etp among [1, 2, 4, 8]")):
+        check_layout(load([*wide, "--bf16=true"]), 16)
+    check_layout(load([*wide, "--bf16=false"]), 16)
+    check_layout(load([*wide, "--bf16=true", "--experts_implementation=eager"]), 16)

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from halo_core.errors import LayoutError
-from halo_core.parallel.expert_tensor_parallel import check_divisible, intermediate_splits, join_slices, take_slice
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.expert_tensor_parallel import intermediate_splits, intermediate_widths, join_slices, take_slice
+from halo_core.parallel.plan import LayoutPlan
 from halo_core.parallel.tensor_parallel import check_heads, partial_gradient_parameters, resolve_plan
 from halo_core.registry import discover
 from halo_core.tiny import tiny_config, tiny_model
@@ -70,7 +72,8 @@ def test_concatenated_gate_and_up_are_sliced_half_by_half():
 def test_etp_must_divide_the_intermediate_size():
     experts = tiny_model("qwen3_moe").model.layers[0].mlp.experts
     with pytest.raises(LayoutError, match="intermediate size 16 is not divisible by expert_tensor_parallel_size etp=3"):
-        check_divisible(experts, 3, "model.layers.0.mlp.experts")
+        plan = LayoutPlan(ParallelConfig(etp=3), ParallelConfig(etp=3).resolve(3), "qwen3_moe")
+        plan.check_expert_width("model.layers.0.mlp.experts.gate_up_proj", intermediate_widths(experts)["gate_up_proj"], 4, grouped_mm=True)
 
 
 def _load_into_layouts(rank, world, folder, model_type, overrides):

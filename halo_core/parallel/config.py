@@ -10,7 +10,7 @@ SPLIT_NAMES = ("ep", "etp", "tp", "cp")
 CP_ATTENTION = ("ulysses", "ring")
 
 
-def _divisors(n: int) -> list[int]:
+def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
@@ -49,13 +49,13 @@ class ParallelConfig:
         if world_size % (self.cp * self.tp):
             raise LayoutError(
                 f"world size {world_size} is not divisible by cp*tp = {self.cp}*{self.tp} = {self.cp * self.tp}; "
-                f"choose cp and tp whose product divides {world_size} (divisors: {_divisors(world_size)})"
+                f"choose cp and tp whose product divides {world_size} (divisors: {divisors(world_size)})"
             )
         dp = world_size // (self.cp * self.tp)
         if dp % (self.ep * self.etp):
             raise LayoutError(
                 f"ep*etp = {self.ep}*{self.etp} = {self.ep * self.etp} does not divide the data-parallel size {dp} "
-                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); choose ep*etp among {_divisors(dp)}"
+                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); choose ep*etp among {divisors(dp)}"
             )
         if self.cp_attention not in CP_ATTENTION:
             raise LayoutError(f"ParallelConfig.cp_attention={self.cp_attention!r} is unknown; choose one of {list(CP_ATTENTION)}")
@@ -94,10 +94,3 @@ class ParallelDims:
         cp = (rank // (self.tp * self.etp * self.ep)) % self.cp
         replica = rank // (self.tp * self.etp * self.ep * self.cp)
         return {"dp": (replica * self.ep + ep) * self.etp + etp, "ep": ep, "ep_replica": replica, "etp": etp, "cp": cp, "tp": tp}
-
-    def check_experts(self, num_experts: int, where: str) -> None:
-        if num_experts % self.ep:
-            raise LayoutError(
-                f"{where} has {num_experts} experts, which ep={self.ep} does not divide; "
-                f"choose ep among {[d for d in _divisors(num_experts) if self.dp % d == 0]}"
-            )

@@ -30,6 +30,7 @@ from torch.distributed.tensor import DTensor
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from halo_core.hf_config import text_config
 from halo_core.errors import LayoutError
 from halo_core.parallel.ring_attention import ring_attention
 
@@ -195,7 +196,7 @@ def uses_context_parallel(module: nn.Module) -> bool:
 
 def check_heads(config, cp: int) -> None:
     """Ulysses scatters heads: both head counts must divide by ``cp``."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     for field in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(text, field, None)
         if heads and heads % cp:

@@ -77,15 +77,10 @@ def join_slices(pieces: list[torch.Tensor], split: IntermediateSplit) -> torch.T
     return torch.cat(pieces, dim=split.dim)
 
 
-def check_divisible(experts: nn.Module, etp: int, where: str) -> None:
+def intermediate_widths(experts: nn.Module) -> dict[str, int]:
+    """Per split parameter, the intermediate width ETP divides (one half of a concatenated gate/up)."""
     splits, _ = intermediate_splits(experts)
-    for name, split in splits.items():
-        size = getattr(experts, name).shape[split.dim] // (2 if split.kind == HALVES else 1)
-        if size % etp:
-            raise LayoutError(
-                f"{where}.{name}: intermediate size {size} is not divisible by expert_tensor_parallel_size etp={etp}; "
-                f"choose etp among the divisors of {size}"
-            )
+    return {name: getattr(experts, name).shape[split.dim] // (2 if split.kind == HALVES else 1) for name, split in splits.items()}
 
 
 def gather_rows(x: torch.Tensor, counts: list[int], group) -> torch.Tensor:

@@ -12,16 +12,16 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from halo_core.adapt import adapt_model, check_splits
+from halo_core.adapt import adapt_model
 from halo_core.context import ParallelContext
 from halo_core.errors import LayoutError
 from halo_core.layout import find_moe_blocks
 from halo_core.parallel import context_parallel, expert_parallel, expert_tensor_parallel, tensor_parallel
 from halo_core.parallel.config import ParallelConfig
-from halo_core.parallel.dispatch import get_dispatcher
 from halo_core.parallel.fsdp import apply_fsdp
 from halo_core.parallel.layout_state import ModelLayout, attach
 from halo_core.parallel.mesh import build_mesh
+from halo_core.parallel.plan import plan_layout
 from halo_core.registry import Registry, discover
 
 
@@ -34,42 +34,38 @@ def _device_type(model: nn.Module, device_type: str | None) -> str:
     return found
 
 
+def _uses_grouped_mm(experts: nn.Module) -> bool:
+    return (getattr(experts.config, "_experts_implementation", None) or "grouped_mm") == "grouped_mm"
+
+
 def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | None = None, *, device_type: str | None = None) -> nn.Module:
     """Lay ``model`` out as ``config`` asks; call on every rank after ``torch.distributed`` is initialised.
 
     ``device_type`` names the mesh's device when the parameters are still on the meta device.
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
-    dims = config.resolve(world)
     registry = registry or discover()
-    model_type = model.config.model_type
-    record = registry.family_record(model_type)
-    wanted = {s: getattr(dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1}
+    params = list(model.parameters())
+    plan = plan_layout(config, model.config, registry, world, itemsize=params[0].element_size() if params else 4)
+    dims, record = plan.dims, plan.record
     if record is None:
-        if wanted:
-            raise LayoutError(
-                f"no installed family plugin claims model type {model_type!r}, so only data parallelism (FSDP2) "
-                f"is available; set {', '.join(f'{s}=1' for s in wanted)} or install a plugin for {model_type!r}"
-            )
         return _finish(model, config, dims, build_mesh(dims, _device_type(model, device_type)), [])
-
-    draft = ParallelContext(family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, **wanted)
-    check_splits(registry, record, draft)
-    dispatcher_class = get_dispatcher(config.ep_dispatcher) if dims.ep > 1 else None
-    blocks = find_moe_blocks(model, record.family)
-    for name, block in blocks:
+    wanted = plan.splits
+    for name, block in find_moe_blocks(model, record.family):
         experts = getattr(block, record.family.experts)
-        dims.check_experts(expert_parallel.count_experts(experts), name)
+        where = f"{name}.{record.family.experts}"
+        plan.check_experts(name, expert_parallel.count_experts(experts))
         if dims.etp > 1:
-            expert_tensor_parallel.check_divisible(experts, dims.etp, f"{name}.{record.family.experts}")
-    tensor_parallel.check_head_split(model.config, dims.tp, dims.cp, config.cp_attention)
+            grouped = _uses_grouped_mm(experts)
+            for param, width in expert_tensor_parallel.intermediate_widths(experts).items():
+                plan.check_expert_width(f"{where}.{param}", width, getattr(experts, param).element_size(), grouped)
     if dims.tp > 1 and "shard_tp" not in registry.overridden_hooks(record):  # the core's TP needs a plan it can apply
         tensor_parallel.resolve_plan(model, record.family)
 
     mesh = build_mesh(dims, _device_type(model, device_type))
-    dispatcher = dispatcher_class(mesh.get_group("ep")) if dispatcher_class else None
+    dispatcher = plan.dispatcher_class(mesh.get_group("ep")) if plan.dispatcher_class else None
     context = ParallelContext(
-        family=record.family, model_type=model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher,
+        family=record.family, model_type=plan.model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher,
         cp_attention=config.cp_attention, **wanted
     )
     model = adapt_model(model, registry, record, context)

@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from halo_core.hf_config import text_config
 from halo_core.errors import LayoutError
 from halo_core.layout import find_attention, matches
 
@@ -28,15 +29,11 @@ STYLES = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 PARTIAL_GRADIENT = "replicated_with_grad_allreduce"
 
 
-def _text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
 def declared_plan(model: nn.Module, family) -> dict[str, str]:
     """Patterns over full module names -> ``colwise``/``rowwise``."""
     if family.tp_plan:
         return dict(family.tp_plan)
-    plan = getattr(_text_config(model.config), "base_model_tp_plan", None) or {}
+    plan = getattr(text_config(model.config), "base_model_tp_plan", None) or {}
     prefix = getattr(model, "base_model_prefix", "")
     if prefix and hasattr(model, prefix):
         plan = {f"{prefix}.{key}": style for key, style in plan.items()}
@@ -91,7 +88,7 @@ def apply_tensor_parallel(model: nn.Module, family, tp_mesh, plan: Mapping[str, 
     """Split the plan's linear layers and the attention modules' per-head parameters over ``tp_mesh``."""
     plan = resolve_plan(model, family) if plan is None else plan
     parallelize_module(model, tp_mesh, {name: STYLES[style]() for name, style in plan.items()})
-    heads = _text_config(model.config).num_attention_heads
+    heads = text_config(model.config).num_attention_heads
     size, rank = tp_mesh.size(), tp_mesh.get_local_rank()
     for _, attention in find_attention(model, family):
         for name in per_head_parameters(attention, heads):
@@ -115,7 +112,7 @@ def check_head_split(config, tp: int, cp: int, cp_attention: str) -> None:
 
 def check_heads(config, tp: int, cp: int) -> None:
     """TP splits heads, and Ulysses CP then scatters each TP rank's heads: both head counts must divide by ``tp * cp``."""
-    text = _text_config(config)
+    text = text_config(config)
     for field in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(text, field, None)
         if heads and heads % (tp * cp):

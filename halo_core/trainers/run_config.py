@@ -24,7 +24,6 @@ from halo_core.trainers.typecheck import coerce, describe, matches
 
 #: Fields resolved against the YAML file's folder when that path exists there.
 _PATH_FIELDS = ("model_name_or_path",)
-_EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
 @dataclass
@@ -146,74 +145,45 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
 
 
 def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
-    """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family."""
+    """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family.
+
+    The layout's own rules are ``plan_layout``'s; only the run-level ones (what the method can feed,
+    compile and memory budgets, kernels) live here.
+    """
+    from halo_core.parallel.plan import plan_layout
     from halo_core.registry import discover
     from halo_core.trainers.method import get_method
 
-    method_splits = get_method(run.method).splits
     if run.halo.fsdp_unit_layers < 1:
         raise ConfigError(f"{run.source}: fsdp_unit_layers={run.halo.fsdp_unit_layers} must be a positive integer (consecutive decoder layers per FSDP unit; 1 = one unit per layer)")
-    if run.halo.fsdp_unit_layers > 1 and not run.halo.shard_parameters:
-        raise ConfigError(f"{run.source}: fsdp_unit_layers={run.halo.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two")
+    if run.halo.experts_implementation is not None:
+        _check_experts_implementation(run)
+    _check_activation_memory_budget(run)
+    model_config = _model_config(run)
+    itemsize = 4 if run.trainer.get("bf16") is False else 2  # TRL's configs default to bf16
     try:
-        dims = run.halo.parallel_config().resolve(world_size)
+        plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
+                           experts_implementation=run.halo.experts_implementation)
     except HaloError as exc:
-        raise ConfigError(f"{run.source}: {exc} (set in expert_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / expert_tensor_parallel_size, or change --nproc)") from None
-    beyond_method = sorted(s for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1 and s not in method_splits)
+        # Rules that speak in degrees (ep*etp, cp*tp) get the run fields that set them.
+        fields = "" if "_size" in str(exc) else f" (set in {_LAYOUT_FIELDS}, or change --nproc)"
+        raise ConfigError(f"{run.source}: {exc}{fields}") from None
+    dims = plan.dims
+    method_splits = get_method(run.method).splits
+    beyond_method = sorted(s for s in plan.splits if s not in method_splits)
     if beyond_method:
         raise ConfigError(
             f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
             f"(it supports {sorted(method_splits)}); set those sizes to 1"
         )
-    if run.halo.experts_implementation is not None:
-        _check_experts_implementation(run)
-    _check_activation_memory_budget(run)
     if run.halo.compile_layers and dims.tp > 1:
         from halo_core.trainers.parts.compile import TP_UNSUPPORTED
 
         raise ConfigError(f"{run.source}: {TP_UNSUPPORTED}")
-    if dims.ep > 1:
-        from halo_core.parallel.dispatch import available_dispatchers
+    return {"dims": dims, "model_type": plan.model_type, "family": plan.record.name if plan.record else None}
 
-        if run.halo.ep_dispatcher not in available_dispatchers():
-            raise ConfigError(
-                f"{run.source}: ep_dispatcher {run.halo.ep_dispatcher!r} is not installed; available: {sorted(available_dispatchers())}"
-            )
-    model_config = _model_config(run)
-    model_type = getattr(model_config, "model_type", None)
-    registry = registry or discover()
-    record = registry.family_record(model_type) if model_type else None
-    asked = {s: getattr(dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(dims, s) > 1}
-    if asked and model_type:
-        if record is None:
-            raise ConfigError(
-                f"{run.source}: no installed family plugin claims model type {model_type!r}, so it trains with data "
-                f"parallelism (FSDP2) only, not {', '.join(f'{s}={n}' for s, n in sorted(asked.items()))}; set those sizes to 1"
-            )
-        supported = registry.supported_splits(record, model_type)
-        missing = set(asked) - supported
-        if missing:
-            raise ConfigError(
-                f"{run.source}: family {record.name!r} supports {sorted(supported) or 'data parallelism only'} for model type "
-                f"{model_type!r}, not {', '.join(f'{s}={asked[s]}' for s in sorted(missing))}; set those sizes to 1"
-            )
-    if dims.cp * dims.tp > 1 and model_config is not None:
-        from halo_core.parallel.tensor_parallel import check_head_split
 
-        try:
-            check_head_split(model_config, dims.tp, dims.cp, run.halo.context_parallel_attention)
-        except HaloError as exc:
-            raise ConfigError(f"{run.source}: {exc}") from None
-    intermediate = next((getattr(model_config, f) for f in ("moe_intermediate_size", "intermediate_size") if getattr(model_config, f, None)), None)
-    if intermediate and dims.etp > 1 and intermediate % dims.etp:
-        raise ConfigError(
-            f"{run.source}: expert_tensor_parallel_size={dims.etp} does not divide the experts' intermediate size {intermediate}; "
-            f"choose a divisor of {intermediate}"
-        )
-    experts = next((getattr(model_config, f) for f in _EXPERT_COUNT_FIELDS if getattr(model_config, f, None)), None)
-    if experts and dims.ep > 1 and experts % dims.ep:
-        raise ConfigError(f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide")
-    return {"dims": dims, "model_type": model_type, "family": record.name if record else None}
+_LAYOUT_FIELDS = "expert_parallel_size / expert_tensor_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / ep_dispatcher / fsdp_unit_layers"
 
 
 def _check_experts_implementation(run: RunConfig) -> None:

@@ -7,6 +7,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from halo_core.parallel.config import ParallelConfig
 from halo_core.trainers.arguments import HaloArguments
 
 
@@ -31,7 +32,7 @@ def build_tokenizer(halo: HaloArguments):
     return AutoTokenizer.from_pretrained(halo.model_name_or_path)
 
 
-def build_model(halo: HaloArguments, args):
+def build_model(halo: HaloArguments, args, parallel: ParallelConfig):
     """Random init from the config (same seed on every rank), or the checkpoint read straight into the layout."""
     from transformers import AutoConfig
 
@@ -49,7 +50,7 @@ def build_model(halo: HaloArguments, args):
         with device:
             model = model_class_for(config).from_config(config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
     else:
-        model = from_pretrained(halo.model_name_or_path, halo.parallel_config(), dtype=dtype, device=device, experts_implementation=experts)
+        model = from_pretrained(halo.model_name_or_path, parallel, dtype=dtype, device=device, experts_implementation=experts)
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
     return model

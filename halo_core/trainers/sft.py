@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from trl import SFTConfig, SFTTrainer
+
+from halo_core.parallel.layout_state import layout_of
 
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin
@@ -12,6 +15,16 @@ from halo_core.trainers.run_config import RunConfig
 class HaloSFTTrainer(DistributedTrainerMixin, SFTTrainer):
     """TRL's SFTTrainer on a Halo layout."""
 
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        counted = self._total_train_tokens
+        result = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        if model.training and layout_of(self.model).dims.cp * layout_of(self.model).dims.tp > 1:
+            # TRL counted the pooled, re-padded inputs the CP x TP group computed on; count this rank's own batch instead.
+            own = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(inputs["position_ids"].size(1))
+            self._total_train_tokens = counted + self.accelerator.gather_for_metrics(own.to(self.args.device)).sum().item()
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+        return result
+
 
 def run(run: RunConfig) -> None:
     from halo_core.trainers.parts.data import load_sources
@@ -19,13 +32,14 @@ def run(run: RunConfig) -> None:
 
     init_distributed()
     args = method_args(SFTConfig, run.trainer)
-    model = build_model(run.halo, args)
+    parallel = run.halo.parallel_config()
+    model = build_model(run.halo, args, parallel)
     trainer = HaloSFTTrainer(
         model=model,
         args=args,
         train_dataset=load_sources(run.halo.dataset),
         processing_class=build_tokenizer(run.halo),
-        parallel_config=run.halo.parallel_config(),
+        parallel_config=parallel,
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
         compile_layers=run.halo.compile_layers,
         activation_memory_budget=run.halo.activation_memory_budget,

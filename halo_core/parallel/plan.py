@@ -1,0 +1,120 @@
+"""``plan_layout``: every rule of a parallel layout that needs only configs, checked in one place.
+
+The launcher calls it before any process starts (with the model's config read from disk),
+and ``parallelize`` calls it again on each rank before touching a module; ``parallelize``
+then checks only what needs the real modules, through the same rule methods of the plan
+(``check_experts``, ``check_expert_width``) fed with numbers read off the modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from halo_core.hf_config import text_config
+from halo_core.errors import LayoutError
+from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors
+
+#: Config fields that hold a MoE model's expert count and its experts' intermediate width.
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_WIDTH_FIELDS = ("moe_intermediate_size", "intermediate_size")
+#: ``torch._grouped_mm`` refuses operands whose strides are not multiples of 16 bytes.
+GROUPED_MM_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    config: ParallelConfig
+    dims: ParallelDims
+    model_type: str | None
+    #: The claiming family's registry record; ``None`` on the plain FSDP2 route.
+    record: Any = None
+    #: The token dispatcher class when ``ep > 1``.
+    dispatcher_class: Any = None
+
+    @property
+    def family(self):
+        return self.record.family if self.record is not None else None
+
+    @property
+    def splits(self) -> dict[str, int]:
+        """The splits asked for with a degree above one."""
+        return {s: getattr(self.dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(self.dims, s) > 1}
+
+    def check_experts(self, where: str, num_experts: int) -> None:
+        """``ep`` must divide the experts; name the degrees that would work on this world."""
+        ep, etp, dp = self.dims.ep, self.dims.etp, self.dims.dp
+        if num_experts % ep:
+            valid = [d for d in divisors(num_experts) if dp % (d * etp) == 0]
+            raise LayoutError(
+                f"{where} has {num_experts} experts, which expert_parallel_size ep={ep} does not divide; "
+                f"choose ep among {valid} (divisors of {num_experts} that divide the data-parallel size {dp} / etp {etp})"
+            )
+
+    def check_expert_width(self, where: str, width: int, itemsize: int, grouped_mm: bool) -> None:
+        """``etp`` must divide the experts' intermediate width, and under ``grouped_mm`` each slice must keep
+        its rows 16-byte aligned."""
+        etp = self.dims.etp
+        if etp == 1:
+            return
+        if width % etp:
+            raise LayoutError(
+                f"{where}: intermediate size {width} is not divisible by expert_tensor_parallel_size etp={etp}; "
+                f"choose etp among the divisors of {width}: {divisors(width)}"
+            )
+        if grouped_mm and (width // etp * itemsize) % GROUPED_MM_ALIGNMENT:
+            valid = [d for d in divisors(width) if (width // d * itemsize) % GROUPED_MM_ALIGNMENT == 0]
+            raise LayoutError(
+                f"{where}: expert_tensor_parallel_size etp={etp} leaves slices of {width // etp} columns "
+                f"({width // etp * itemsize} bytes at {itemsize} bytes an element), but grouped_mm needs rows of a multiple of "
+                f"{GROUPED_MM_ALIGNMENT} bytes; choose etp among {valid}, or experts_implementation: eager"
+            )
+
+
+def first_field(model_config, fields: tuple[str, ...]) -> int | None:
+    """The first of ``fields`` the (text) config sets to a non-zero value."""
+    text = text_config(model_config)
+    return next((getattr(text, f) for f in fields if getattr(text, f, None)), None)
+
+
+def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, itemsize: int = 2,
+                experts_implementation: str | None = None) -> LayoutPlan:
+    """Resolve ``config`` on ``world`` ranks for a model of ``model_config`` (``None``: a hub id not read yet)
+    and check every rule that needs no module; raise ``LayoutError`` naming the numbers and the fix.
+
+    ``itemsize`` is the training dtype's element size (2 checks the stricter bf16 alignment);
+    ``experts_implementation`` the one the run asks for (``None``: the model's default).
+    """
+    from halo_core.adapt import check_splits
+    from halo_core.context import ParallelContext
+    from halo_core.parallel.dispatch import get_dispatcher
+    from halo_core.parallel.tensor_parallel import check_head_split
+
+    dims = config.resolve(world)
+    if config.fsdp_unit_layers > 1 and not config.fsdp:
+        raise LayoutError(
+            f"fsdp_unit_layers={config.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two"
+        )
+    model_type = getattr(model_config, "model_type", None)
+    record = registry.family_record(model_type) if model_type else None
+    plan = LayoutPlan(config, dims, model_type, record)
+    wanted = plan.splits
+    if wanted and model_type and record is None:
+        raise LayoutError(
+            f"no installed family plugin claims model type {model_type!r}, so only data parallelism (FSDP2) "
+            f"is available; set {', '.join(f'{s}=1' for s in wanted)} or install a plugin for {model_type!r}"
+        )
+    if record is not None:
+        check_splits(registry, record, ParallelContext(family=record.family, model_type=model_type, model_config=model_config, dp=dims.dp, **wanted))
+    if dims.ep > 1:
+        plan = LayoutPlan(config, dims, model_type, record, get_dispatcher(config.ep_dispatcher))
+    if model_config is not None:
+        check_head_split(model_config, dims.tp, dims.cp, config.cp_attention)
+        experts = first_field(model_config, EXPERT_COUNT_FIELDS)
+        if experts and dims.ep > 1:
+            plan.check_experts("the model", experts)
+        width = first_field(model_config, EXPERT_WIDTH_FIELDS)
+        if width:
+            grouped = (experts_implementation or getattr(model_config, "_experts_implementation", None) or "grouped_mm") == "grouped_mm"
+            plan.check_expert_width("the experts", width, itemsize, grouped)
+    return plan

@@ -1,0 +1,122 @@
+"""`halo launch sft` on every split and the combinations the qwen3-moe family declares, with samples of
+different lengths (so every batch is padded and every pool of a CP x TP group is re-padded), against one
+process on the same global batch: logged losses within 1e-5, post-SGD weights within 1e-4.
+
+float32 throughout (``bf16: false``): TRL's default on a machine with bf16 would train in bf16.
+"""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from halo_core.testing.compare import assert_close
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 3
+GLOBAL_BATCH = 4
+COMMON = [f"--max_steps={STEPS}", "--lr_scheduler_type=constant", "--warmup_steps=0", "--logging_steps=1", "--save_strategy=steps",
+          f"--save_steps={STEPS}", "--router_aux_loss_coef=0.0", "--seed=5", "--max_grad_norm=1.0", "--bf16=false", "--report_to=none"]
+OPTIMIZERS = {"sgd": ["--optim=sgd", "--learning_rate=0.5"], "adamw": ["--optim=adamw_torch", "--learning_rate=3e-3"]}
+
+#: (processes, overrides): each split alone on two ranks, and pairs of splits on four.
+LAYOUTS = {
+    "ep2": (2, ["--expert_parallel_size=2"]),
+    "tp2": (2, ["--tensor_parallel_size=2"]),
+    "cp2": (2, ["--context_parallel_size=2"]),
+    "cp2-ring": (2, ["--context_parallel_size=2", "--context_parallel_attention=ring"]),
+    "etp2": (2, ["--expert_tensor_parallel_size=2"]),
+    "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"]),
+    "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"]),
+    "cp2-tp2-ring": (4, ["--context_parallel_size=2", "--tensor_parallel_size=2", "--context_parallel_attention=ring"]),
+    "ep2-etp2-replicated": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2", "--shard_parameters=false"]),
+}
+#: Under AdamW weights are not held tight (Adam turns rounding into update-sized steps), losses are.
+ADAMW_LAYOUTS = ["tp2", "cp2", "ep2-tp2"]
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory) -> Path:
+    """A config over data whose completions run from 1 to 40 numbers, so no two neighbours share a length."""
+    folder = tmp_path_factory.mktemp("uneven")
+    draw = random.Random(11)
+    rows = []
+    for _ in range(64):
+        n = draw.choice([1, 2, 3, 7, 15, 40])
+        numbers = " ".join(str(draw.randrange(100)) for _ in range(n))
+        rows.append({"prompt": [{"role": "user", "content": f"Repeat {n} numbers"}], "completion": [{"role": "assistant", "content": numbers}]})
+    (folder / "uneven.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = folder / "run.yaml"
+    config.write_text(f"model_name_or_path: {ROOT / 'templates' / 'tiny' / 'model'}\nrandom_init: true\ndataset:\n  - path: uneven.jsonl\n")
+    return config
+
+
+def launch(config: Path, output_dir: Path, nproc: int, *args: str) -> Path:
+    batch = GLOBAL_BATCH // nproc  # the global batch is nproc x per-device batch in every layout
+    command = [sys.executable, "-m", "halo_cli", "launch", "sft", str(config), "--nproc", str(nproc), "--",
+               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *COMMON, *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return output_dir
+
+
+def logged(output_dir: Path, key: str) -> list[float]:
+    state = json.loads((output_dir / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    return [entry[key] for entry in state["log_history"] if "loss" in entry]
+
+
+def losses(output_dir: Path) -> list[float]:
+    return logged(output_dir, "loss")
+
+
+def weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).state_dict()
+
+
+@pytest.fixture(scope="module")
+def single(run_file, tmp_path_factory):
+    """One process per optimizer, run on first use."""
+    done = {}
+
+    def get(optim: str) -> Path:
+        if optim not in done:
+            done[optim] = launch(run_file, tmp_path_factory.mktemp(f"single-{optim}") / "run", 1, *OPTIMIZERS[optim])
+        return done[optim]
+
+    return get
+
+
+def test_the_data_pads_every_batch(run_file):
+    """Guard on the fixture itself: the reference batches mix lengths, so padding is exercised."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(ROOT / "templates" / "tiny" / "model")
+    rows = [json.loads(line) for line in (run_file.parent / "uneven.jsonl").read_text().splitlines()]
+    lengths = [len(tokenizer.apply_chat_template(r["prompt"] + r["completion"], return_dict=True)["input_ids"]) for r in rows]
+    assert len(set(lengths)) >= 5 and max(lengths) > 3 * min(lengths)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
+    nproc, layout = LAYOUTS[name]
+    out = launch(run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
+    reference = single("sgd")
+    expected = losses(reference)
+    assert len(expected) == STEPS and losses(out) == pytest.approx(expected, abs=1e-5, rel=0)
+    assert logged(out, "num_tokens") == logged(reference, "num_tokens")  # TRL's count, of each rank's own batch
+    expected_weights = weights(reference)
+    for key, tensor in weights(out).items():
+        assert_close(tensor, expected_weights[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ADAMW_LAYOUTS)
+def test_adamw_layout_logs_the_single_process_losses(single, run_file, tmp_path, name):
+    nproc, layout = LAYOUTS[name]
+    out = launch(run_file, tmp_path / "run", nproc, *OPTIMIZERS["adamw"], *layout)
+    assert losses(out) == pytest.approx(losses(single("adamw")), abs=1e-5, rel=0)
