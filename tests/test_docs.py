@@ -38,3 +38,40 @@ def test_a_split_only_some_model_types_have_is_named_per_type():
     registry = discover(strict=False)
     # GLM-4.7-Flash's latent attention has no TP plan: its plugin drops tp for that model type only
     assert split_marks(registry, registry.by_name("glm4-moe")) == ["yes", "yes", "`glm4_moe`", "yes"]
+
+
+def test_plugin_contract_page_matches_the_hookspecs_and_dataclasses():
+    from halo_core.contract_doc import update_page
+
+    committed = (ROOT / "agent-docs" / "plugin-contract.md").read_text()
+    assert committed == update_page(committed), "run: halo families contract --write agent-docs/plugin-contract.md"
+
+
+def test_every_hookspec_is_annotated():
+    import inspect
+
+    from halo_core.contract_doc import hook_specs
+
+    specs = hook_specs()
+    assert [s.__name__ for s in specs] == ["halo_family", "supported_splits", "wrap_moe_block", "wrap_attention", "shard_tp"]
+    for spec in specs:
+        signature = inspect.signature(spec)
+        assert signature.return_annotation is not signature.empty, spec.__name__
+        assert all(p.annotation is not p.empty for p in signature.parameters.values()), spec.__name__
+
+
+def test_a_field_without_a_meaning_is_refused():
+    from dataclasses import dataclass
+
+    import pytest
+
+    from halo_core.contract_doc import render_fields
+
+    @dataclass
+    class Declared:
+        #: Documented.
+        first: int
+        second: int = 0
+
+    with pytest.raises(ValueError, match=r"\['second'\]"):
+        render_fields(Declared)
