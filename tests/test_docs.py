@@ -75,3 +75,20 @@ def test_a_field_without_a_meaning_is_refused():
 
     with pytest.raises(ValueError, match=r"\['second'\]"):
         render_fields(Declared)
+
+
+def test_halo_families_contract_rewrites_only_the_marked_sections(tmp_path):
+    from conftest import run_halo
+
+    from halo_core.contract_doc import BEGIN, END
+
+    committed = (ROOT / "agent-docs" / "plugin-contract.md").read_text()
+    stale = tmp_path / "plugin-contract.md"
+    begin, end = BEGIN.format(name="context"), END.format(name="context")
+    stale.write_text(committed.split(begin)[0] + begin + "\nstale\n" + end + committed.split(end)[1])
+    assert run_halo("families", "contract", "--write", str(stale)).returncode == 0
+    assert stale.read_text() == committed
+    unmarked = tmp_path / "unmarked.md"
+    unmarked.write_text("# no markers\n")
+    refused = run_halo("families", "contract", "--write", str(unmarked))
+    assert refused.returncode == 2 and "halo-contract:family" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
