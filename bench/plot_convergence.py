@@ -3,7 +3,7 @@
     python3 bench/plot_convergence.py convergence.json --reference trl-fp32-autocast --out agent-docs/img/convergence.png
 
 Prints, for every other variant, the largest relative difference of its loss from the
-reference's at the same step, from ``--from-step`` on (issue 7 asks for 1% from step 50), per
+reference's at the same step, from ``--from-step`` on (the target: within 1% from step 50), per
 step and between ``--window``-step means; plots both (thin: per step, thick: means).
 Needs matplotlib (not a Halo dependency).
 """

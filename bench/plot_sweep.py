@@ -1,5 +1,5 @@
 """Throughput against peak memory per GPU from ``sft_vs_trl.py`` results: one point per variant,
-Halo's plain EP sweep (``halo-epN``) joined as a line (issue 8's figure).
+Halo's plain EP sweep (``halo-epN``) joined as a line, so the memory each EP degree saves reads against its speed.
 
     python3 bench/plot_sweep.py bench/results/2026-11-30-sft-vs-trl-h200x2-batch2.json --out agent-docs/img/ep-sweep-h200x2.png
 

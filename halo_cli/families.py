@@ -1,4 +1,4 @@
-"""``halo families list|show``: the support matrix, built from the plugins that are installed."""
+"""``halo families list|show|matrix``: the support matrix, built from the plugins that are installed; ``contract``: the hook reference."""
 
 from __future__ import annotations
 
@@ -65,6 +65,19 @@ def matrix(
         write.write_text(page)
     else:
         typer.echo(page, nl=False)
+
+
+@app.command("contract")
+def contract(
+    write: Annotated[Optional[Path], typer.Option("--write", help="Rewrite the marked sections of this page instead of printing them.")] = None,
+) -> None:
+    """The plugin contract's reference from the code (agent-docs/plugin-contract.md holds it between markers)."""
+    from halo_core.contract_doc import render, update_page
+
+    if write:
+        write.write_text(update_page(write.read_text()))
+    else:
+        typer.echo(render(), nl=False)
 
 
 @app.command("show")

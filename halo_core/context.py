@@ -3,31 +3,45 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from halo_core.family import Family
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+    from transformers import PretrainedConfig
+
+    from halo_core.parallel.dispatch import TokenDispatcher
 
 
 @dataclass(frozen=True)
 class ParallelContext:
     """The parallel layout one rank is adapting a model to.
 
-    Degrees are resolved and validated before a context is built; ``mesh`` is a
-    torch ``DeviceMesh`` with named dimensions when running distributed and ``None``
-    in a single process.
+    Degrees are resolved and validated before a context is built, so a hook never sees
+    a layout the family or the model cannot take.
     """
 
+    #: The plugin's own declaration.
     family: Family
+    #: The model's ``config.model_type``.
     model_type: str
-    model_config: Any
+    #: The model's transformers config.
+    model_config: PretrainedConfig
+    #: Data-parallel degree: the ranks FSDP2 shards over (1 = not split).
     dp: int = 1
+    #: Expert-parallel degree: the ranks a MoE block's experts are divided among.
     ep: int = 1
+    #: Expert-tensor-parallel degree: the ranks each expert's intermediate dimension is sliced over.
     etp: int = 1
+    #: Tensor-parallel degree: the ranks attention heads and dense projections are split over.
     tp: int = 1
+    #: Context-parallel degree: the ranks a sequence is split over.
     cp: int = 1
-    mesh: Any = None
+    #: torch ``DeviceMesh`` with the dimensions ``halo_core.parallel.mesh.MESH_DIMS`` when distributed; ``None`` in one process.
+    mesh: DeviceMesh | None = None
     #: The expert token dispatcher instance (``halo_core.parallel.dispatch``), when ``ep > 1``.
-    ep_dispatcher: Any = None
+    ep_dispatcher: TokenDispatcher | None = None
     #: ``"ulysses"`` or ``"ring"`` (``ParallelConfig.cp_attention``).
     cp_attention: str = "ulysses"
 

@@ -38,10 +38,15 @@ class Family:
     one path segment (a layer index, say). A pattern may be a tuple of alternatives.
     """
 
+    #: Lower-case letters, digits, '-' and '_', starting with a letter; the entry-point name should be the same.
     name: str
+    #: The transformers ``config.model_type`` values the family claims (a string for one).
     model_types: tuple[str, ...]
+    #: The plugin's own version.
     version: str
+    #: The plugin API the plugin was written against, as a literal (``PLUGIN_API_VERSION`` then).
     api_version: int
+    #: Subset of ``{"ep", "cp", "tp", "etp"}``; data parallelism (FSDP2) needs no declaration.
     splits: frozenset[str] = frozenset()
     #: Modules that hold a router child and an experts child.
     moe_block: str | tuple[str, ...] = "model.layers.*.mlp"
@@ -49,6 +54,7 @@ class Family:
     router: str = "gate"
     #: Child of a MoE block with the fused 3-D expert parameters (transformers' experts interface).
     experts: str = "experts"
+    #: Attention modules, wrapped for context parallelism and TP head slicing.
     attention: str | tuple[str, ...] = "model.layers.*.self_attn"
     #: Config overrides that make a tiny random model of this family build and run (tests, `show`).
     tiny_config: Mapping[str, Any] = field(default_factory=dict)

@@ -25,7 +25,15 @@ core's default.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pluggy
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from halo_core.context import ParallelContext
+    from halo_core.family import Family
 
 PROJECT = "halo"
 
@@ -35,8 +43,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 @hookspec
-def halo_family():
-    """Declare the family: return a :class:`halo_core.Family`.
+def halo_family() -> Family:
+    """Declare the family: return a :class:`halo_core.Family`. Required; the core has no default.
 
     Called once per plugin at discovery. The declaration names the family, the
     transformers ``model_type`` values it claims, the plugin's version, the plugin-API
@@ -48,43 +56,56 @@ def halo_family():
 
 
 @hookspec(firstresult=True)
-def supported_splits(family, model_type):
+def supported_splits(family: Family, model_type: str) -> frozenset[str] | None:
     """Return the subset of ``{"ep", "cp", "tp", "etp"}`` this family supports for ``model_type``.
 
-    ``family`` is the plugin's own :class:`Family`. The default returns
-    ``family.splits``; implement this only when support differs between the model
-    types a family claims. A layout asking for a split outside this set is refused
-    before any weight moves.
+    Called before anything moves. ``family`` is the plugin's own :class:`Family`. The
+    default returns ``family.splits``; implement this only when support differs between
+    the model types a family claims. A layout asking for a split outside this set is
+    refused before any weight moves.
     """
 
 
 @hookspec(firstresult=True)
-def wrap_moe_block(module, context):
+def wrap_moe_block(module: nn.Module, context: ParallelContext) -> nn.Module | None:
     """Adapt one MoE block to the parallel layout; return the module to put in its place.
 
-    ``module`` is an unmodified transformers module matched by ``family.moe_block``
-    that has the children ``family.router`` and ``family.experts``. ``context`` is a
-    :class:`halo_core.context.ParallelContext` (degrees, process groups, the model
-    config, the family). Return ``module`` itself when it was adapted in place, a new
-    module to replace it, or ``None`` to let the core's default do the common case
-    (experts distributed at the experts interface, the router left as transformers
-    computes it).
+    Called once per MoE block. ``module`` is an unmodified transformers module matched by
+    ``family.moe_block`` that has the children ``family.router`` and ``family.experts``.
+    Return ``module`` itself when it was adapted in place, a new module to replace it, or
+    ``None`` to let the core's default do the common case: expert (and expert-tensor)
+    parallelism at transformers' experts interface, the router left as transformers
+    computes it (``halo_core.defaults.wrap_moe_block``).
+
+    A module of your own must still register its experts with the layout: FSDP2,
+    gradient sync, state dicts and sliced loading learn which expert weights a rank holds
+    only from there, and treat every other weight as one all ranks hold alike. So call
+    ``halo_core.parallel.expert_parallel.shard_experts`` (the helper that builds an
+    ``ExpertShard``) on each experts module split over EP or ETP ranks, with the
+    arguments the default passes. It takes a transformers experts-interface module
+    (``@use_experts_implementation``, fused parameters with the expert on the first
+    dimension, named as in the checkpoint), and your module must call that module's
+    forward, which then runs Halo's exchange. With ``ep`` or ``etp`` above one and no
+    experts module registered, the layout is refused.
     """
 
 
 @hookspec(firstresult=True)
-def wrap_attention(module, context):
+def wrap_attention(module: nn.Module, context: ParallelContext) -> nn.Module | None:
     """Adapt one attention module (matched by ``family.attention``) to the layout.
 
-    Same return convention as :func:`wrap_moe_block`. The default leaves attention to
-    transformers' attention-function registry, which context parallelism plugs into.
+    Called once per attention module; same return convention as :func:`wrap_moe_block`.
+    The default plugs context parallelism (Ulysses or ring, ``context.cp_attention``) into
+    transformers' attention-function registry and, under TP, hands the inner
+    implementation this rank's heads; the module itself is kept.
     """
 
 
 @hookspec(firstresult=True)
-def shard_tp(model, context):
+def shard_tp(model: nn.Module, context: ParallelContext) -> nn.Module | None:
     """Apply tensor parallelism to the whole model; return the model.
 
-    Called once after the wrappers. Return ``None`` for the core's default plan (the
-    config's ``base_model_tp_plan`` where it is right).
+    Called once, after the wrappers. Return ``None`` for the core's default: DTensor
+    ``parallelize_module`` with ``Family.tp_plan``, else the config's
+    ``base_model_tp_plan`` (``colwise``, ``rowwise``, ``replicated_with_grad_allreduce``).
     """

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "sft_vs_trl.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "sft_variants.py"
 
 
 @pytest.fixture(scope="module")
 def harness():
-    spec = importlib.util.spec_from_file_location("sft_vs_trl", SCRIPT)
+    spec = importlib.util.spec_from_file_location("sft_variants", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

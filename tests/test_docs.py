@@ -38,3 +38,57 @@ def test_a_split_only_some_model_types_have_is_named_per_type():
     registry = discover(strict=False)
     # GLM-4.7-Flash's latent attention has no TP plan: its plugin drops tp for that model type only
     assert split_marks(registry, registry.by_name("glm4-moe")) == ["yes", "yes", "`glm4_moe`", "yes"]
+
+
+def test_plugin_contract_page_matches_the_hookspecs_and_dataclasses():
+    from halo_core.contract_doc import update_page
+
+    committed = (ROOT / "agent-docs" / "plugin-contract.md").read_text()
+    assert committed == update_page(committed), "run: halo families contract --write agent-docs/plugin-contract.md"
+
+
+def test_every_hookspec_is_annotated():
+    import inspect
+
+    from halo_core.contract_doc import hook_specs
+
+    specs = hook_specs()
+    assert [s.__name__ for s in specs] == ["halo_family", "supported_splits", "wrap_moe_block", "wrap_attention", "shard_tp"]
+    for spec in specs:
+        signature = inspect.signature(spec)
+        assert signature.return_annotation is not signature.empty, spec.__name__
+        assert all(p.annotation is not p.empty for p in signature.parameters.values()), spec.__name__
+
+
+def test_a_field_without_a_meaning_is_refused():
+    from dataclasses import dataclass
+
+    import pytest
+
+    from halo_core.contract_doc import render_fields
+
+    @dataclass
+    class Declared:
+        #: Documented.
+        first: int
+        second: int = 0
+
+    with pytest.raises(ValueError, match=r"\['second'\]"):
+        render_fields(Declared)
+
+
+def test_halo_families_contract_rewrites_only_the_marked_sections(tmp_path):
+    from conftest import run_halo
+
+    from halo_core.contract_doc import BEGIN, END
+
+    committed = (ROOT / "agent-docs" / "plugin-contract.md").read_text()
+    stale = tmp_path / "plugin-contract.md"
+    begin, end = BEGIN.format(name="context"), END.format(name="context")
+    stale.write_text(committed.split(begin)[0] + begin + "\nstale\n" + end + committed.split(end)[1])
+    assert run_halo("families", "contract", "--write", str(stale)).returncode == 0
+    assert stale.read_text() == committed
+    unmarked = tmp_path / "unmarked.md"
+    unmarked.write_text("# no markers\n")
+    refused = run_halo("families", "contract", "--write", str(unmarked))
+    assert refused.returncode == 2 and "halo-contract:family" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1

@@ -68,7 +68,7 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
             _sum_only(layer)
     embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
     if embeddings is not None and (head is None or head.weight is not embeddings.weight):
-        # Its own unit, resharded after forward: in the root it stayed gathered beside the head all step.
+        # Its own unit, resharded after forward: in the root it would stay gathered beside the head all step.
         fully_shard(embeddings, mesh=dp_mesh)
         _sum_only(embeddings)
         if _plain_lookup(embeddings):

@@ -8,10 +8,9 @@ gathers whose backwards are gathers too (``row_order``), and needs none with one
 expert arithmetic is transformers' own (``_grouped_linear``, the module's ``_apply_gate``,
 biases and post-expert norm as its ``grouped_mm`` applies them), so results match it.
 
-Measured on two H200s (agent-docs/benchmarks.md, seventh session): with the sender's gathers in
-``row_order``, a compiled EP2 layer's forward and backward of 4,096 tokens a GPU took 5.9 ms
-against 6.6 before. As a replacement for transformers' ``grouped_mm`` at EP1 the same pieces
-gained nothing measurable on one H200, so EP1 keeps transformers' own.
+Only the expert-parallel path uses it: on one rank Inductor already fuses most of
+``grouped_mm``'s indexing, so EP1 keeps transformers' own (measured: no gain at EP1, about
+10% off a compiled EP2 layer, see benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """A finished rank leaves without the interpreter's native teardown.
 
-About once in a few full runs of the suite, a rank aborted in native code after it had
-finished: results saved, process group destroyed, its function returned. The message was
-"terminate called without an active exception" (a C++ thread object destroyed while still
-joinable), or "Fatal Python error: Aborted" with no Python frame. The cause is not found.
-torch reports a likely one: Gloo's worker threads still hold tensors while the interpreter is
-torn down (pytorch/pytorch#179291).
+A rank that has finished (results saved, process group destroyed) can still abort in native
+code while the interpreter tears down: "terminate called without an active exception" (a C++
+thread object destroyed while still joinable) or "Fatal Python error: Aborted" with no Python
+frame, failing a run that succeeded. The cause is not confirmed; torch reports a likely one,
+Gloo's worker threads still holding tensors at teardown (pytorch/pytorch#179291).
 
 So once a rank is done, it does itself what Python's exit does at the Python level: it stops
 executors' workers and joins the threads that would be waited for, runs the exit handlers
-(logging, experiment trackers), and flushes its streams. Then it leaves before C++ objects are destroyed at interpreter exit.
+(logging, experiment trackers), and flushes its streams. Then it leaves before C++ objects
+are destroyed at interpreter exit, which is where the abort happens.
 """
 
 from __future__ import annotations

@@ -1,0 +1,52 @@
+"""A Halo row of ``sft_vs_trl.py``: the ``halo launch sft`` command for a variant, and its row from the logs.
+
+The row runs Halo as a user does (a YAML file and ``halo launch``), so its figure is the
+trainer's own logged tokens/s rather than a timer the harness adds.
+"""
+
+from __future__ import annotations
+
+import ast
+import statistics
+import sys
+from pathlib import Path
+
+from sft_workload import WARMUP, trainer_fields
+
+
+def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
+    import yaml
+
+    run = {
+        "model_name_or_path": str(workdir / "model"), "random_init": True, "dataset": [{"path": str(workdir / "data.jsonl")}],
+        "expert_parallel_size": spec["ep"], **trainer_fields(spec, args, workdir / "out" / variant),
+        "logging_steps": 1 if args.losses else args.halo_log_every,
+    }
+    if spec["liger_moe"]:
+        run["experts_implementation"] = "liger_moe"
+    if spec["compile"]:
+        run["compile_layers"] = True
+    if spec["activation_budget"] is not None:
+        run["activation_memory_budget"] = spec["activation_budget"]
+    if spec["kahan"]:
+        run["adamw_bf16_kahan"] = True
+    if spec["unit_layers"]:
+        run["fsdp_unit_layers"] = spec["unit_layers"]
+    if spec["replicated"]:
+        run["shard_parameters"] = False
+    path = workdir / f"{variant}.yaml"
+    path.write_text(yaml.safe_dump(run))
+    return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
+
+
+def halo_result(output: str, seq: int, batch: int, every: int) -> dict:
+    """The median over the logs after warm-up of the trainer's tokens/s, each the average of ``every`` steps."""
+    logs = [ast.literal_eval(line) for line in output.splitlines() if line.startswith("{") and "tokens_per_second_per_device" in line]
+    skip = -(-WARMUP // every)  # logs covering a warm-up step
+    if len(logs) <= skip:
+        raise RuntimeError(f"expected a log every {every} steps, got {len(logs)}:\n{output[-3000:]}")
+    rates = [float(log["tokens_per_second_per_device"]) for log in logs[skip:]]
+    rate = statistics.median(rates)
+    return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates) * every,
+            "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs),
+            "losses": [float(log["loss"]) for log in logs]}
