@@ -212,7 +212,12 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
         )
     experts = next((getattr(model_config, f) for f in _EXPERT_COUNT_FIELDS if getattr(model_config, f, None)), None)
     if experts and dims.ep > 1 and experts % dims.ep:
-        raise ConfigError(f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide")
+        from halo_core.parallel.config import ep_degrees
+
+        raise ConfigError(
+            f"{run.source}: the model has {experts} experts, which expert_parallel_size={dims.ep} does not divide; "
+            f"on {dims.world} processes choose expert_parallel_size among {ep_degrees(experts, dims.dp, dims.etp)}"
+        )
     return {"dims": dims, "model_type": model_type, "family": record.name if record else None}
 
 
