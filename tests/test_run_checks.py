@@ -76,7 +76,7 @@ def test_the_methods_own_config_refusals_name_the_field(overrides, message):
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("value", ["../nope/model", "./model", "/no/such/model", "models/qwen/tiny", "~/models/tiny"])
+@pytest.mark.parametrize("value", ["../nope/model", "./model", "/no/such/model", "models/qwen/tiny", "~/models/tiny", "models\\tiny"])
 def test_a_path_that_does_not_exist_is_refused_online_too(monkeypatch, value):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is not a local folder (looked in ")):

@@ -7,7 +7,6 @@ Each of these would otherwise fail in every rank at once, one traceback per rank
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -76,8 +75,7 @@ def check_model_source(run: RunConfig) -> None:
         return
     if path.exists():
         raise ConfigError(f"{where} is a file; {fix}: the folder that holds config.json")
-    separators = {"/", "\\", os.sep, os.altsep} - {None}
-    if value.startswith((".", "/", "~")) or value.count("/") > 1 or any(s in value for s in separators - {"/"}):
+    if value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value:  # a hub id has at most one "/"
         tilde = " (~ is not expanded: write the full path)" if value.startswith("~") else ""
         raise ConfigError(f"{where} is not a local folder ({looked}){tilde}; {fix}")
     try:
@@ -98,9 +96,9 @@ def method_config(run: RunConfig):
     """The method's config dataclass built from the run's fields, as the worker builds it; its ``ValueError``
     becomes one line naming the field that set it off.
 
-    Built with ``use_cpu=True`` whatever the machine: the launcher never trains, and touching the GPU here
-    would hold a CUDA context on it for the whole run; the worker builds its own (transformers resets
-    accelerate's process state on each build).
+    Built with ``use_cpu=True`` whatever the machine: checking needs no device, and a GPU build would leave
+    a CUDA context on GPU 0 in torchrun's parent for the whole run. The worker, or a one-process run right
+    after, builds its own; transformers resets accelerate's process state on each build.
     """
     from halo_core.trainers.method import get_method
 
