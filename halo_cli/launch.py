@@ -17,6 +17,7 @@ from rich.table import Table
 
 from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
+from halo_core.trainers.run_checks import check_run
 from halo_core.trainers.run_config import RunConfig, check_layout, load_run_config, parse_overrides
 
 console = Console()
@@ -39,6 +40,7 @@ def launch(
         raise ConfigError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (nodes are numbered 0..{nnodes - 1})")
     chosen = get_method(method)
     run = load_run_config(method, chosen.config_class, config, parse_overrides(list(ctx.args)))
+    check_run(run)
     world = nproc * nnodes
     layout = check_layout(run, world)
     if dry_run:

@@ -81,7 +81,7 @@ def test_missing_required_fields_and_files(tmp_path):
     "overrides, world, message",
     [
         ([], 1, "ep*etp = 2*1 = 2 does not divide the data-parallel size 1"),
-        (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size ep=3 does not divide; choose ep among [1]"),
+        (["--expert_parallel_size=3"], 3, "the model has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1]"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=4"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=4"),
         (["--expert_parallel_size=1", "--tensor_parallel_size=2", "--context_parallel_size=2"], 4, "num_key_value_heads=2 is not divisible by tensor_parallel_size tp=2 times context_parallel_size cp=2"),
         (["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"], 3, "the experts: intermediate size 64 is not divisible by expert_tensor_parallel_size etp=3"),

@@ -14,6 +14,11 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def ep_degrees(num_experts: int, dp: int, etp: int = 1) -> list[int]:
+    """The ``ep`` that work: each rank holds a whole block of experts, and ``ep * etp`` ranks fit the data-parallel size."""
+    return [d for d in divisors(num_experts) if dp % (d * etp) == 0]
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """Degrees of each split (1 = not split) and the expert token-dispatch back-end.

@@ -13,7 +13,7 @@ from typing import Any
 
 from halo_core.hf_config import text_config
 from halo_core.errors import LayoutError
-from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors
+from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors, ep_degrees
 
 #: Config fields that hold a MoE model's expert count and its experts' intermediate width.
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -43,13 +43,9 @@ class LayoutPlan:
 
     def check_experts(self, where: str, num_experts: int) -> None:
         """``ep`` must divide the experts; name the degrees that would work on this world."""
-        ep, etp, dp = self.dims.ep, self.dims.etp, self.dims.dp
-        if num_experts % ep:
-            valid = [d for d in divisors(num_experts) if dp % (d * etp) == 0]
-            raise LayoutError(
-                f"{where} has {num_experts} experts, which expert_parallel_size ep={ep} does not divide; "
-                f"choose ep among {valid} (divisors of {num_experts} that divide the data-parallel size {dp} / etp {etp})"
-            )
+        if num_experts % self.dims.ep:
+            valid = ep_degrees(num_experts, self.dims.dp, self.dims.etp)
+            raise LayoutError(f"{where} has {num_experts} experts, which ep={self.dims.ep} does not divide; choose ep among {valid}")
 
     def check_expert_width(self, where: str, width: int, itemsize: int, grouped_mm: bool) -> None:
         """``etp`` must divide the experts' intermediate width, and under ``grouped_mm`` each slice must keep

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,9 +166,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
                            experts_implementation=run.halo.experts_implementation)
     except HaloError as exc:
-        # Rules that speak in degrees (ep*etp, cp*tp) get the run fields that set them.
-        fields = "" if "_size" in str(exc) else f" (set in {_LAYOUT_FIELDS}, or change --nproc)"
-        raise ConfigError(f"{run.source}: {exc}{fields}") from None
+        raise ConfigError(f"{run.source}: {_in_run_fields(str(exc))}") from None
     dims = plan.dims
     method_splits = get_method(run.method).splits
     beyond_method = sorted(s for s in plan.splits if s not in method_splits)
@@ -184,6 +183,17 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
 
 
 _LAYOUT_FIELDS = "expert_parallel_size / expert_tensor_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / ep_dispatcher / fsdp_unit_layers"
+_RUN_FIELD = {"ep": "expert_parallel_size", "etp": "expert_tensor_parallel_size", "tp": "tensor_parallel_size", "cp": "context_parallel_size"}
+_DEGREE = re.compile(r"\b(ep|etp|tp|cp)\b(?==| among)")
+
+
+def _in_run_fields(message: str) -> str:
+    """A layout rule's message in the run's own field names (``ep=3`` -> ``expert_parallel_size=3``); a rule that
+    speaks of products (``ep*etp``) gets the list of fields that set them."""
+    if "_size" in message:
+        return message
+    named = _DEGREE.sub(lambda m: _RUN_FIELD[m[1]], message)
+    return named if named != message else f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
 
 
 def _check_experts_implementation(run: RunConfig) -> None:

@@ -1,0 +1,142 @@
+"""Run-level refusals the launcher makes before any process starts: a model that cannot be found,
+method config fields its dataclass refuses, and numbers the optimizer or the dataloader would refuse.
+
+Each of these would otherwise fail in every rank at once, one traceback per rank; here it is one
+``ConfigError`` line naming the field, the value and the fix. (Layout rules live in ``check_layout``.)
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+from halo_core.errors import ConfigError
+from halo_core.trainers.run_config import RunConfig
+
+_SEED_RANGE = "between 0 and 2**32 - 1 (numpy's seed range; transformers seeds numpy with it)"
+
+
+def _steps_strategy(strategy: str) -> Callable[[Any], bool]:
+    return lambda args: getattr(args, strategy, None) == "steps"
+
+
+class Range(NamedTuple):
+    field: str
+    accepted: Callable[[Any], bool]
+    must_be: str
+    applies: Callable[[Any], bool] = lambda args: True
+
+
+#: Fields the config dataclass accepts but the optimizer, the scheduler, the dataloader or the training
+#: loop would reject (or silently turn into nonsense); a rule is skipped where the method's config lacks its field.
+RANGES = tuple(Range(*rule) for rule in (
+    ("learning_rate", lambda v: v > 0, "above 0 (at 0 nothing trains; below, the optimizer refuses it), e.g. 1e-5"),
+    ("per_device_train_batch_size", lambda v: v >= 1, "at least 1"),
+    ("per_device_eval_batch_size", lambda v: v >= 1, "at least 1"),
+    ("gradient_accumulation_steps", lambda v: v >= 1, "at least 1 (1 = no accumulation)"),
+    ("max_steps", lambda v: v >= 1 or v == -1, "a positive number of steps, or -1 to train for num_train_epochs"),
+    ("num_train_epochs", lambda v: v > 0, "above 0 when max_steps is -1", lambda a: a.max_steps == -1),
+    ("logging_steps", lambda v: v > 0, "above 0 with logging_strategy 'steps' (below 1: a share of the run)", _steps_strategy("logging_strategy")),
+    ("save_steps", lambda v: v > 0, "above 0 with save_strategy 'steps' (below 1: a share of the run)", _steps_strategy("save_strategy")),
+    ("eval_steps", lambda v: v is None or v > 0, "above 0 with eval_strategy 'steps'", _steps_strategy("eval_strategy")),
+    ("weight_decay", lambda v: v >= 0, "0 or above"),
+    ("adam_beta1", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.9"),
+    ("adam_beta2", lambda v: 0 <= v < 1, "in [0, 1), e.g. 0.999"),
+    ("adam_epsilon", lambda v: v >= 0, "0 or above, e.g. 1e-8"),
+    ("max_grad_norm", lambda v: v is None or v >= 0, "0 or above (0 turns clipping off)"),
+    ("dataloader_num_workers", lambda v: v >= 0, "0 or above (0 loads in the training process)"),
+    ("seed", lambda v: 0 <= v < 2**32, _SEED_RANGE),
+    ("data_seed", lambda v: v is None or 0 <= v < 2**32, _SEED_RANGE),
+    ("max_length", lambda v: v is None or v >= 1, "at least 1 token, or empty for no truncation"),
+    ("dataset_num_proc", lambda v: v is None or v >= 1, "at least 1, or empty for one process"),
+))
+
+
+def check_run(run: RunConfig) -> None:
+    """Refuse what every rank would fail on; ``check_layout`` then checks the parallel layout."""
+    check_model_source(run)
+    args = method_config(run)
+    check_ranges(run, args)
+
+
+def check_model_source(run: RunConfig) -> None:
+    """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached when offline."""
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    value = run.halo.model_name_or_path
+    where = f"{run.source}: model_name_or_path {value!r}"
+    looked = f"looked in {Path(run.source).resolve().parent} and {Path.cwd()}"
+    fix = "give its folder relative to the YAML file or the current folder"
+    path = Path(value)
+    if path.is_dir():
+        return
+    if path.exists():
+        raise ConfigError(f"{where} is a file; {fix}: the folder that holds config.json")
+    if value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value:  # a hub id has at most one "/"
+        tilde = " (~ is not expanded: write the full path)" if value.startswith("~") else ""
+        raise ConfigError(f"{where} is not a local folder ({looked}){tilde}; {fix}")
+    try:
+        validate_repo_id(value)
+    except HFValidationError as exc:
+        raise ConfigError(f"{where} is neither a local folder ({looked}) nor a hub id ({_one_line(exc)}); {fix}, or a hub id 'namespace/name'") from None
+    if not constants.is_offline_mode():
+        return  # from_pretrained downloads it
+    if isinstance(try_to_load_from_cache(value, "config.json"), str):
+        return
+    raise ConfigError(
+        f"{where} is neither a local folder ({looked}) nor in the Hugging Face cache {constants.HF_HUB_CACHE}, and the hub "
+        f"is offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE); {fix}, or run `hf download {value}` while online first"
+    )
+
+
+def method_config(run: RunConfig):
+    """The method's config dataclass built from the run's fields, as the worker builds it; its ``ValueError``
+    becomes one line naming the field that set it off.
+
+    Built with ``use_cpu=True`` whatever the machine: checking needs no device, and a GPU build would leave
+    a CUDA context on GPU 0 in torchrun's parent for the whole run. The worker, or a one-process run right
+    after, builds its own; transformers resets accelerate's process state on each build.
+    """
+    from halo_core.trainers.method import get_method
+
+    config_class = get_method(run.method).config_class
+    try:
+        return _build(config_class, run.trainer)
+    except ValueError as exc:
+        message = _one_line(exc)
+    culprit = _culprit(config_class, run.trainer)
+    if culprit is None:
+        raise ConfigError(f"{run.source}: {config_class.__name__} refuses this run's fields: {message}")
+    raise ConfigError(f"{run.source}: {culprit}={run.trainer[culprit]!r} is refused by {config_class.__name__}: {message}; change {culprit}")
+
+
+def check_ranges(run: RunConfig, args) -> None:
+    for rule in RANGES:
+        if hasattr(args, rule.field) and rule.applies(args) and not rule.accepted(getattr(args, rule.field)):
+            value = getattr(args, rule.field)
+            raise ConfigError(f"{run.source}: {rule.field}={value!r} must be {rule.must_be}; set it in the YAML or with -- --{rule.field}=VALUE")
+
+
+def _build(config_class: type, fields: dict):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the worker shows the config's own warnings once it builds it
+        return config_class(**{**fields, "use_cpu": True})
+
+
+def _culprit(config_class: type, fields: dict) -> str | None:
+    """The first field, in the YAML's order, whose addition makes the dataclass refuse."""
+    tried: dict = {}
+    for key, value in fields.items():
+        tried[key] = value
+        try:
+            _build(config_class, tried)
+        except ValueError:
+            return key
+    return None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

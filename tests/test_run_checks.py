@@ -1,0 +1,154 @@
+"""Run-level refusals (the model source, the method's config, the optimizer's and dataloader's ranges), before any process starts."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.plan import LayoutPlan
+from huggingface_hub import constants
+
+from conftest import run_halo
+from halo_core.errors import ConfigError
+from halo_core.parallel.config import ParallelDims
+from halo_core.trainers.run_checks import check_model_source, check_run
+from halo_core.trainers.run_config import check_layout
+from test_run_config import TINY, load
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "templates" / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_the_bundled_configs_pass(config):
+    run = load(path=config)
+    check_run(run)
+    check_layout(run, 2)
+
+
+@pytest.mark.parametrize(
+    "overrides, field, value",
+    [
+        (["--learning_rate=0"], "learning_rate", 0),
+        (["--learning_rate=-1e-3"], "learning_rate", -1e-3),
+        (["--per_device_train_batch_size=0"], "per_device_train_batch_size", 0),
+        (["--per_device_eval_batch_size=0"], "per_device_eval_batch_size", 0),
+        (["--gradient_accumulation_steps=0"], "gradient_accumulation_steps", 0),
+        (["--max_steps=0"], "max_steps", 0),
+        (["--max_steps=-2"], "max_steps", -2),
+        (["--max_steps=-1", "--num_train_epochs=0"], "num_train_epochs", 0),
+        (["--logging_steps=-1"], "logging_steps", -1),
+        (["--save_steps=0"], "save_steps", 0),
+        (["--eval_strategy=steps", "--eval_steps=-5"], "eval_steps", -5),
+        (["--weight_decay=-0.1"], "weight_decay", -0.1),
+        (["--adam_beta1=1.0"], "adam_beta1", 1.0),
+        (["--adam_beta2=-0.1"], "adam_beta2", -0.1),
+        (["--adam_epsilon=-1e-8"], "adam_epsilon", -1e-8),
+        (["--max_grad_norm=-1"], "max_grad_norm", -1),
+        (["--dataloader_num_workers=-1"], "dataloader_num_workers", -1),
+        (["--seed=-1"], "seed", -1),
+        ([f"--seed={2**32}"], "seed", 2**32),
+        (["--data_seed=-3"], "data_seed", -3),
+        (["--max_length=0"], "max_length", 0),
+        (["--dataset_num_proc=0"], "dataset_num_proc", 0),
+    ],
+)
+def test_numbers_the_optimizer_or_dataloader_would_refuse(overrides, field, value):
+    with pytest.raises(ConfigError, match=re.escape(f"{field}={value!r} must be ")) as caught:
+        check_run(load(overrides))
+    assert f"-- --{field}=VALUE" in str(caught.value)
+
+
+def test_the_edges_of_the_ranges_are_accepted():
+    check_run(load(["--max_steps=-1", "--num_train_epochs=0.5", "--weight_decay=0", "--adam_beta1=0", "--max_grad_norm=0", f"--seed={2**32 - 1}", "--save_steps=0.5"]))
+    check_run(load(["--save_strategy=no", "--save_steps=0", "--logging_strategy=no", "--logging_steps=0"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--lr_scheduler_type=cosin"], "lr_scheduler_type='cosin' is refused by SFTConfig: cosin is not a valid SchedulerType, please select one of ['linear'"),
+        (["--warmup_steps=-1"], "warmup_steps=-1 is refused by SFTConfig: Got warmup_steps = -1, Expected value warmup_steps >= 0; change warmup_steps"),
+        (["--logging_steps=0"], "logging_steps=0 is refused by SFTConfig: logging strategy IntervalStrategy.STEPS requires non-zero --logging_steps"),
+        (["--dataloader_prefetch_factor=2"], "dataloader_prefetch_factor=2 is refused by SFTConfig: --dataloader_prefetch_factor can only be set"),
+    ],
+)
+def test_the_methods_own_config_refusals_name_the_field(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        check_run(load(overrides))
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["../nope/model", "./model", "/no/such/model", "models/qwen/tiny", "~/models/tiny", "models\\tiny"])
+def test_a_path_that_does_not_exist_is_refused_online_too(monkeypatch, value):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is not a local folder (looked in ")):
+        check_model_source(load([f"--model_name_or_path={value}"]))
+
+
+def test_a_file_is_not_a_model_folder():
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {str(TINY)!r} is a file")):
+        check_model_source(load([f"--model_name_or_path={TINY}"]))
+
+
+@pytest.mark.parametrize("value", ["org--x/model", "org/mo del", "org/model.git"])
+def test_a_malformed_hub_id_is_refused_online_too(monkeypatch, value):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is neither a local folder")) as caught:
+        check_model_source(load([f"--model_name_or_path={value}"]))
+    assert "nor a hub id" in str(caught.value)
+
+
+def _cache_holding(cache: Path, repo_id: str) -> Path:
+    """A Hugging Face hub cache laid out as huggingface_hub writes it, holding ``repo_id``'s config.json."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = "0" * 40
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text("{}")
+    return cache
+
+
+def test_offline_a_hub_id_must_be_cached(monkeypatch, tmp_path):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache_holding(tmp_path, "org/cached")))
+    check_model_source(load(["--model_name_or_path=org/cached"]))
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path 'org/absent' is neither a local folder")) as caught:
+        check_model_source(load(["--model_name_or_path=org/absent"]))
+    assert f"nor in the Hugging Face cache {tmp_path}" in str(caught.value) and "`hf download org/absent`" in str(caught.value)
+
+
+def test_online_a_hub_id_not_yet_cached_is_left_to_download(monkeypatch, tmp_path):
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    check_model_source(load(["--model_name_or_path=org/not-yet"]))
+
+
+def test_ep_that_does_not_divide_the_experts_names_the_degrees_that_do():
+    with pytest.raises(ConfigError, match=re.escape("the model has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1, 2]")):
+        check_layout(load(["--expert_parallel_size=3"]), 6)
+    dims = ParallelDims(world=8, dp=8, ep=3, etp=2)  # ep * etp must fit dp = 8
+    with pytest.raises(Exception, match=re.escape("has 8 experts, which ep=3 does not divide; choose ep among [1, 2, 4]")):
+        LayoutPlan(ParallelConfig(ep=3, etp=2), dims, "qwen3_moe").check_experts("block", 8)
+
+
+@pytest.mark.parametrize(
+    "overrides, env, message",
+    [
+        (["--learning_rate=-1"], {}, "learning_rate=-1 must be above 0"),
+        (["--model_name_or_path=org/absent", "--random_init=false"], {"HF_HUB_OFFLINE": "1"}, "model_name_or_path 'org/absent' is neither a local folder"),
+    ],
+)
+def test_cli_dry_run_refuses_in_one_line(tmp_path, overrides, env, message):
+    result = run_halo("launch", "sft", str(TINY), "--nproc", "2", "--dry-run", "--", f"--output_dir={tmp_path / 'out'}", *overrides, env={"HF_HUB_CACHE": str(tmp_path / "hub"), **env})
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_dry_run_finds_a_hub_id_in_the_cache_hf_hub_cache_names(tmp_path):
+    cache = _cache_holding(tmp_path / "hub", "org/cached")
+    overrides = ["--model_name_or_path=org/cached", "--random_init=false", "--expert_parallel_size=1"]
+    result = run_halo("launch", "sft", str(TINY), "--dry-run", "--", *overrides, env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)})
+    assert result.returncode == 0, result.stderr
