@@ -66,7 +66,7 @@ def test_wheels_install_alone_train_the_embedded_default_and_uninstall(tmp_path)
     out = tmp_path / "run"
     overrides = [f"--output_dir={out}", "--max_steps=2", "--save_strategy=no", "--expert_parallel_size=1", "--logging_steps=1"]
     log = run(halo, "launch", "sft", config, "--", *overrides, cwd=tmp_path)
-    assert "'loss'" in log, log
+    assert "'loss'" in log and log.strip().splitlines()[-1] == f"saved the model to {out}", log
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
