@@ -32,9 +32,10 @@ def environment_without_halo(tmp_path: Path) -> Path:
     run(sys.executable, "-m", "venv", "--without-pip", env, cwd=tmp_path)
     third_party = tmp_path / "third-party"
     third_party.mkdir()
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not any(fnmatch(entry.name, pattern) for pattern in HALO_ENTRIES):
-            (third_party / entry.name).symlink_to(entry)
+    for site in {Path(sysconfig.get_paths()[key]).resolve() for key in ("purelib", "platlib")}:
+        for entry in site.iterdir():
+            if not any(fnmatch(entry.name, pattern) for pattern in HALO_ENTRIES) and not (third_party / entry.name).exists():
+                (third_party / entry.name).symlink_to(entry)
     site_packages(env).joinpath("third_party.pth").write_text(f"{third_party}\n")
     return env
 
