@@ -68,12 +68,15 @@ def _print_plan(run: RunConfig, layout: dict, world: int) -> None:
 
 
 def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> int:
-    spec = Path(tempfile.mkdtemp(prefix="halo-run-")) / "run.json"
-    spec.write_text(json.dumps(run.to_json()))
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}"]
-    if nnodes == 1 and rdzv_endpoint is None:
-        command.append("--standalone")
-    else:
-        command += [f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
-    command += ["-m", "halo_core.trainers.worker", str(spec)]
-    return subprocess.call(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    # The run's spec lives as long as the workers that read it, however the launch ends (failure, Ctrl-C); so do
+    # torchrun's per-rank log folders (empty unless a rank fails, whose error torchrun prints before it returns).
+    with tempfile.TemporaryDirectory(prefix="halo-run-") as folder:
+        spec = Path(folder) / "run.json"
+        spec.write_text(json.dumps(run.to_json()))
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", f"--log-dir={folder}/torchrun"]
+        if nnodes == 1 and rdzv_endpoint is None:
+            command.append("--standalone")
+        else:
+            command += [f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+        command += ["-m", "halo_core.trainers.worker", str(spec)]
+        return subprocess.call(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})

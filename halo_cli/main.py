@@ -42,12 +42,13 @@ def new_family(
     model_type: Annotated[str, typer.Option("--model-type", help="transformers model type the family claims (config.model_type).")],
     output_dir: Annotated[Path, typer.Option("--output-dir", help="Folder to create halo-plugin-NAME/ in.")] = Path("."),
     allow_unknown_model_type: Annotated[bool, typer.Option("--allow-unknown-model-type", help="Accept a model type transformers does not know (custom modeling code).")] = False,
+    replace: Annotated[Optional[str], typer.Option("--replace", help="Installed plugin that claims TYPE; the new one is meant to be installed instead of it.")] = None,
 ) -> None:
     """Scaffold an installable family plugin with its conformance test."""
     from halo_cli.scaffold import render_family
 
-    target = render_family(name, model_type, output_dir, allow_unknown_model_type=allow_unknown_model_type)
-    typer.echo(f"created {target}\nnext: pip install -e {target} && halo families show {name}")
+    scaffold = render_family(name, model_type, output_dir, allow_unknown_model_type=allow_unknown_model_type, replace=replace)
+    typer.echo(f"created {scaffold.path}\nnext: {scaffold.next_steps()}")
 
 
 def app() -> None:

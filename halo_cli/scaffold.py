@@ -7,6 +7,8 @@ so the scaffold is right for the common case before its author writes a line.
 from __future__ import annotations
 
 import keyword
+import shlex
+import sys
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -36,6 +38,41 @@ def plugin_names(name: str) -> ScaffoldNames:
             f"letter (e.g. 'my-moe'), so that 'halo_plugin_{package_stem}' is a Python package name"
         )
     return ScaffoldNames(family=name, distribution=f"halo-plugin-{name}", package=f"halo_plugin_{package_stem}")
+
+
+def replaced_distribution(model_type: str, replace: str | None) -> str | None:
+    """The installed distribution the new plugin is to replace (``--replace NAME``), or ``None``.
+
+    Refuses a model type another installed plugin claims: two plugins claiming one type both turn
+    broken, so a silent scaffold would break the installed plugin as well as the new one."""
+    from halo_core.registry import discover
+
+    claimants = [r for r in discover(strict=False).records if r.family and model_type in r.family.model_types]
+    named = [r for r in claimants if replace in {r.name, r.entry_point, r.distribution}]
+    others = [r for r in claimants if r not in named]
+    if others:
+        other = others[0]
+        raise ScaffoldError(
+            f"model type {model_type!r} is already claimed by the installed plugin {other.name!r} ({other.distribution}); "
+            f"scaffold another model type, or pass --replace {other.name} for a plugin meant to be installed instead of it"
+        )
+    if replace and not named:
+        raise ScaffoldError(f"--replace {replace}: no installed plugin claims model type {model_type!r}, so there is nothing to replace; drop --replace")
+    return named[0].distribution if named else None
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    path: Path
+    family: str
+    replaces: str | None
+
+    def next_steps(self) -> str:
+        """The commands to run next, with the pip of the environment ``halo`` runs in (a bare ``pip`` may be another's)."""
+        pip = f"{shlex.quote(sys.executable)} -m pip"
+        steps = [f"{pip} uninstall -y {self.replaces}"] if self.replaces else []
+        steps += [f"{pip} install -e {shlex.quote(str(self.path))}", f"halo families show {self.family}"]
+        return " && ".join(steps)
 
 
 def _known_model_type(model_type: str) -> bool:
@@ -80,8 +117,8 @@ def _literal(value) -> str:
     return repr(value)
 
 
-def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown_model_type: bool = False) -> Path:
-    """Write ``output_dir/halo-plugin-<name>/`` and return its path; refuse before writing anything."""
+def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown_model_type: bool = False, replace: str | None = None) -> Scaffold:
+    """Write ``output_dir/halo-plugin-<name>/``; refuse before writing anything."""
     names = plugin_names(name)
     target = Path(output_dir) / names.distribution
     if target.exists():
@@ -92,6 +129,7 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
             f"(it is the config's `model_type`), or pass --allow-unknown-model-type for architectures "
             f"that ship their own modeling code"
         )
+    replaces = replaced_distribution(model_type, replace)
     read = _read_layout(model_type)
     values = {
         "name": names.family,
@@ -105,11 +143,19 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "name_literal": repr(names.family),
         "model_type_literal": repr(model_type),
         "splits_literal": "{'ep'}" if read.found_moe else "",
+        "replaces_note": _replaces_note(replaces, model_type),
         **{f"{k}_literal": _literal(v) for k, v in read.fields.items()},
     }
     template_root = files("halo_cli.templates") / "family"
     _render_tree(template_root, target, values, names.package)
-    return target
+    return Scaffold(target, names.family, replaces)
+
+
+def _replaces_note(replaces: str | None, model_type: str) -> str:
+    if not replaces:
+        return ""
+    return (f"It is meant to be installed instead of `{replaces}`, which claims `{model_type}` too: "
+            f"`pip uninstall {replaces}` first (two plugins claiming one model type both turn broken).\n\n")
 
 
 def _render_tree(source, target: Path, values: dict, package: str) -> None:

@@ -90,11 +90,17 @@ def test_show_unknown_family_exits_2_listing_known_names():
         (["Bad", "--model-type", "olmoe"], "family name 'Bad' is not valid"),
         (["class", "--model-type", "olmoe"], "family name 'class' is not valid"),
         (["fine", "--model-type", "olmoo"], "model type 'olmoo' is unknown"),
+        # The bundled olmoe plugin claims olmoe: a second claimant would break both.
+        (["mine", "--model-type", "olmoe"], "model type 'olmoe' is already claimed by the installed plugin 'olmoe' (halo-plugin-olmoe); "
+                                            "scaffold another model type, or pass --replace olmoe"),
+        (["mine", "--model-type", "olmoe", "--replace", "mixtral"], "model type 'olmoe' is already claimed by the installed plugin 'olmoe'"),
+        (["mine", "--model-type", "qwen2_moe", "--replace", "olmoe"], "--replace olmoe: no installed plugin claims model type 'qwen2_moe'"),
     ],
 )
 def test_new_family_refusals(tmp_path, args, needle):
     result = run_halo("new-family", *args, "--output-dir", str(tmp_path))
     assert result.returncode == 2 and needle in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -111,21 +117,32 @@ def test_new_family_with_unknown_model_type_when_allowed(tmp_path):
     assert "could not build a tiny model" in source and "model_types=('my_custom_moe',)" in source
 
 
-def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugin_site, monkeypatch):
-    monkeypatch.setenv("HALO_DISABLE_PLUGINS", "olmoe")  # the bundled plugin claims olmoe; the scaffold takes its place
-    result = run_halo("new-family", "my-olmoe", "--model-type", "olmoe", "--output-dir", str(tmp_path))
+def test_new_family_replace_writes_a_plugin_to_install_instead_with_this_environments_pip(tmp_path):
+    result = run_halo("new-family", "my-olmoe", "--model-type", "olmoe", "--replace", "halo-plugin-olmoe", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     project = tmp_path / "halo-plugin-my-olmoe"
-    source = (project / "halo_plugin_my_olmoe" / "__init__.py").read_text()
-    assert "router='gate'" in source and "OlmoeForCausalLM" in source and "splits=frozenset({'ep'})" in source
+    pip = f"{sys.executable} -m pip"
+    assert f"next: {pip} uninstall -y halo-plugin-olmoe && {pip} install -e {project} && halo families show my-olmoe" in result.stdout
+    assert "meant to be installed instead of `halo-plugin-olmoe`" in (project / "README.md").read_text()
+    assert "model_types=('olmoe',)" in (project / "halo_plugin_my_olmoe" / "__init__.py").read_text()
+
+
+def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugin_site):
+    # agent-docs/plugin-contract.md's example: a MoE type no bundled plugin claims.
+    result = run_halo("new-family", "my-moe", "--model-type", "qwen2_moe", "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    project = tmp_path / "halo-plugin-my-moe"
+    assert f"next: {sys.executable} -m pip install -e {project} && halo families show my-moe" in result.stdout
+    source = (project / "halo_plugin_my_moe" / "__init__.py").read_text()
+    assert "router='gate'" in source and "Qwen2MoeForCausalLM" in source and "splits=frozenset({'ep'})" in source
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(plugin_site.root), str(project)],
         capture_output=True, text=True,
     )
     assert install.returncode == 0, install.stderr
     rows = listing()
-    assert rows["my-olmoe"]["status"] == "ok" and rows["my-olmoe"]["distribution"] == "halo-plugin-my-olmoe"
-    assert rows["my-olmoe"]["model_types"] == ["olmoe"]
+    assert rows["my-moe"]["status"] == "ok" and rows["my-moe"]["distribution"] == "halo-plugin-my-moe"
+    assert rows["my-moe"]["model_types"] == ["qwen2_moe"]
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
         capture_output=True, text=True, cwd=project,

@@ -16,7 +16,9 @@ expert block's gradient already sums its EP group's tokens (see ``grads``).
 
 from __future__ import annotations
 
+import re
 import types
+import warnings
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -98,6 +100,13 @@ def _shard_head(backbone: nn.Module, head: nn.Module, dp_mesh: DeviceMesh) -> No
     head is read, and a post-backward hook on its input, whose gradient is ready when the head's is."""
     fully_shard(head, mesh=dp_mesh, reshard_after_forward=False)  # read after the pass-through returns
     _sum_only(head)
+    # FSDP2 warns that a unit returning a view "can cause backward to fail or produce wrong gradients": an
+    # in-place op on the view would drop the hook that gathers the unit for backward. The pass-through returns
+    # a view by construction (autograd hands back the input of FSDP's post-backward Function as one); the
+    # model's head and TRL's fused loss read it out of place, and this unit stays gathered through backward
+    # (reshard_after_forward=False) so it needs no gathering there. The launcher tests hold the resulting
+    # weights to one process's. Only this unit's warning is filtered; any other unit's still shows.
+    warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \({re.escape(type(head).__name__)}\) returned a view tensor", category=UserWarning)
     head.halo_gather = types.MethodType(_pass_through, head)
     register_fsdp_forward_method(head, "halo_gather")
 

@@ -95,7 +95,10 @@ class DistributedTrainerMixin:
     # -- checkpoints -------------------------------------------------------------------------
 
     def save_model(self, output_dir=None, _internal_call=False):
-        checkpoint.save_model(self.model, output_dir or self.args.output_dir, self.processing_class)
+        folder = output_dir or self.args.output_dir
+        checkpoint.save_model(self.model, folder, self.processing_class)
+        if not _internal_call and checkpoint.rank() == 0:  # the run's result (checkpoints call in as internal): say where
+            print(f"saved the model to {os.path.abspath(folder)}", flush=True)
 
     def _get_output_dir(self, trial):
         run_dir = super()._get_output_dir(trial)

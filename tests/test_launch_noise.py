@@ -1,0 +1,51 @@
+"""What a launch leaves and prints besides training: no temporary folders, no alarms Halo has shown harmless, where the model went."""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from halo_cli import launch
+
+TINY = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-qwen3-moe.yaml"
+
+
+def test_a_two_process_launch_cleans_up_stays_quiet_and_names_the_saved_model(tmp_path):
+    temp = tmp_path / "tmp"  # the launcher's and torchrun's temporary folders go here (TMPDIR), away from other runs'
+    temp.mkdir()
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "halo_cli", "launch", "sft", str(TINY), "--nproc", "2", "--",
+               f"--output_dir={out}", "--max_steps=2", "--save_strategy=steps", "--save_steps=1"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600, env={**os.environ, "TMPDIR": str(temp)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not list(temp.glob("halo-run-*")) and not list(temp.glob("torchelastic_*")), list(temp.iterdir())
+    assert result.stdout.strip().splitlines()[-1] == f"saved the model to {out}"
+    assert result.stdout.count("saved the model to") == 1  # rank 0 only, and not for checkpoints
+    assert "can cause backward to fail or produce wrong gradients" not in result.stderr
+    assert "FutureWarning" not in result.stderr, result.stderr  # the bundled config uses no deprecated key
+
+
+@pytest.mark.parametrize("ending", ["fails", "interrupted"])
+def test_the_run_folder_goes_however_torchrun_ends(tmp_path, monkeypatch, ending):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    seen = []
+
+    def torchrun(command, env):
+        seen.append(Path(command[-1]))
+        assert seen[0].is_file()  # the workers read it
+        if ending == "interrupted":
+            raise KeyboardInterrupt
+        return 1
+
+    monkeypatch.setattr(launch.subprocess, "call", torchrun)
+    run = SimpleNamespace(to_json=lambda: {"method": "sft"})
+    if ending == "interrupted":
+        with pytest.raises(KeyboardInterrupt):
+            launch._torchrun(run, 2, 1, 0, None)
+    else:
+        assert launch._torchrun(run, 2, 1, 0, None) == 1
+    assert seen and list(tmp_path.iterdir()) == []
