@@ -42,6 +42,7 @@ def main() -> None:
     from halo_core import ParallelConfig, clip_grad_norm_, parallelize, sync_gradients
     from halo_core.optim import AdamWBF16
     from halo_core.parallel.context_parallel import context_parallel_inputs
+    from halo_core.parallel.layout_state import layout_of
 
     dist.init_process_group("nccl", timeout=timedelta(seconds=120))
     rank = dist.get_rank()
@@ -55,7 +56,7 @@ def main() -> None:
     model.config.use_cache = False
     model = parallelize(model, ParallelConfig(cp=args.cp))
     optimizer = AdamWBF16(model.parameters(), lr=1e-5)
-    coords = model._halo_layout.dims.coordinates(rank)
+    coords = layout_of(model).dims.coordinates(rank)
     generator = torch.Generator(device=device).manual_seed(coords["dp"])
     ids = torch.randint(0, config.vocab_size, (1, args.seq), device=device, generator=generator)
     inputs = context_parallel_inputs(ids, coords["cp"], args.cp) if args.cp > 1 else {"input_ids": ids, "labels": ids}

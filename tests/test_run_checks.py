@@ -4,14 +4,12 @@ import re
 from pathlib import Path
 
 import pytest
-
-from halo_core.parallel.config import ParallelConfig
-from halo_core.parallel.plan import LayoutPlan
 from huggingface_hub import constants
 
 from conftest import run_halo
 from halo_core.errors import ConfigError
-from halo_core.parallel.config import ParallelDims
+from halo_core.parallel.config import ParallelConfig, ParallelDims
+from halo_core.parallel.plan import LayoutPlan
 from halo_core.trainers.run_checks import check_model_source, check_run
 from halo_core.trainers.run_config import check_layout
 from test_run_config import TINY, load

@@ -21,15 +21,11 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from halo_core.optim.rounding import stochastic_round, stream_key
+from halo_core.parallel.dtensor import local
 
 _PARAM, _EXP_AVG, _EXP_AVG_SQ = 0, 1, 2
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class AdamWBF16(torch.optim.Optimizer):
@@ -88,8 +84,8 @@ class AdamWBF16(torch.optim.Optimizer):
                     step_size=group["lr"] / (1 - beta1**step),
                     bias_correction2_sqrt=math.sqrt(1 - beta2**step),
                 )
-                tensors = [_local(param), _local(param.grad), _local(state["exp_avg"]), _local(state["exp_avg_sq"])]
-                compensation = _local(state["compensation"]) if "compensation" in state else None
+                tensors = [local(param), local(param.grad), local(state["exp_avg"]), local(state["exp_avg_sq"])]
+                compensation = local(state["compensation"]) if "compensation" in state else None
                 gradient_scale = None if scale is None else scale.to(tensors[0].device)
                 self._update(tensors, compensation, gradient_scale, keys, hyper)
         return loss

@@ -4,7 +4,7 @@ Each CP rank holds one contiguous chunk of every sequence. Inside attention an
 all-to-all trades the chunk of all heads for all of the sequence on ``heads / cp`` heads,
 the model's own attention implementation runs on the whole sequence, and a second
 all-to-all trades back. The attention module itself is not rewritten: the model's
-attention implementation is switched to ``halo_ulysses``, registered in
+attention implementation is switched to ``halo_attention``, registered in
 ``ALL_ATTENTION_FUNCTIONS``, which wraps the implementation the model had. Under tensor
 parallelism the same wrapper (with ``cp`` possibly 1) hands the inner implementation this
 rank's part of per-head parameters such as GPT-OSS's sinks.
@@ -26,15 +26,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.tensor import DTensor
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from halo_core.hf_config import text_config
+from halo_core.parallel.dtensor import local
+from halo_core.parallel.layout_state import register_shard, shard_of
+from halo_core.parallel.local_heads import LocalHeads
 from halo_core.errors import LayoutError
 from halo_core.parallel.ring_attention import ring_attention
 
-IMPLEMENTATION = "halo_ulysses"
+IMPLEMENTATION = "halo_attention"
 
 
 @dataclass
@@ -45,23 +47,6 @@ class ContextShard:
     inner: Callable[..., Any]
     needs_mask: bool
     mode: str = "ulysses"
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This TP rank's heads of a per-head parameter (a DTensor split with the heads); a plain tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
-
-
-class _LocalHeads:
-    """The attention module as this rank's heads see it: per-head parameters (GPT-OSS's sinks) sliced."""
-
-    def __init__(self, module: nn.Module, heads: slice) -> None:
-        object.__setattr__(self, "_module", module)
-        per_head = {n: _local(p)[heads] for n, p in module.named_parameters(recurse=False) if p.dim() == 1 and p.shape[0] == module.config.num_attention_heads}
-        object.__setattr__(self, "_per_head", per_head)
-
-    def __getattr__(self, name: str):
-        return self._per_head[name] if name in self._per_head else getattr(self._module, name)
 
 
 def _exchange(x: torch.Tensor, group) -> torch.Tensor:
@@ -115,7 +100,7 @@ def sequence_documents(position_ids: torch.Tensor | None, group, size: int) -> t
 
 def _additive_mask(module: nn.Module, mask: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor:
     """The float mask an eager implementation adds, from the boolean (or absent, meaning causal) mask
-    transformers builds for ``halo_ulysses`` (its SDPA mask function is registered for it)."""
+    transformers builds for ``halo_attention`` (its SDPA mask function is registered for it)."""
     if mask is None:
         return _causal_mask(module, query.shape[2], query.dtype, query.device)
     if mask.dtype == torch.bool:
@@ -123,12 +108,12 @@ def _additive_mask(module: nn.Module, mask: torch.Tensor | None, query: torch.Te
     return mask
 
 
-def ulysses_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
-    """The ``halo_ulysses`` attention implementation (same signature and result as transformers'):
+def sharded_attention(module: nn.Module, query, key, value, attention_mask, **kwargs):
+    """The ``halo_attention`` attention implementation (same signature and result as transformers'):
     this TP rank's heads, then the CP exchange the shard asks for (none, Ulysses or ring)."""
-    shard: ContextShard = module._halo_cp
+    shard: ContextShard = shard_of(module)
     if kwargs.get("s_aux") is not None:  # per-head sinks handed to non-eager implementations
-        kwargs["s_aux"] = _local(kwargs["s_aux"])
+        kwargs["s_aux"] = local(kwargs["s_aux"])
     if shard.size == 1:
         return _local_heads(module, shard, query, key, value, attention_mask, **kwargs)
     if shard.mode == "ring":
@@ -140,13 +125,13 @@ def _local_heads(module, shard: ContextShard, query, key, value, attention_mask,
     """Tensor parallelism alone: the model's mask, this rank's heads, nothing to exchange."""
     if shard.needs_mask:
         attention_mask = _additive_mask(module, attention_mask, query)
-    return shard.inner(_LocalHeads(module, slice(None)), query, key, value, attention_mask, **kwargs)
+    return shard.inner(LocalHeads(module, slice(None)), query, key, value, attention_mask, **kwargs)
 
 
 def _ring(module, shard: ContextShard, query, key, value, **kwargs):
     sinks = kwargs.pop("s_aux", None)
     if sinks is None:
-        sinks = _LocalHeads(module, slice(None))._per_head.get("sinks")
+        sinks = LocalHeads(module, slice(None)).per_head.get("sinks")
     documents = sequence_documents(kwargs.get("position_ids"), shard.group, shard.size)
     if documents is not None:
         length = query.shape[2]
@@ -162,11 +147,11 @@ def _ulysses(module, shard: ContextShard, query, key, value, **kwargs):
     heads = slice(shard.rank * q.shape[1], (shard.rank + 1) * q.shape[1])
     if kwargs.get("s_aux") is not None:
         kwargs["s_aux"] = kwargs["s_aux"][heads]
-    output, _ = shard.inner(_LocalHeads(module, heads), q, k, v, mask, **kwargs)
+    output, _ = shard.inner(LocalHeads(module, heads), q, k, v, mask, **kwargs)
     return _scatter_sequence(output, shard.size, shard.group), None
 
 
-ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, ulysses_attention)
+ALL_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sharded_attention)
 ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
 
 
@@ -184,14 +169,14 @@ def _inner_attention(module: nn.Module, implementation: str):
 def shard_attention(module: nn.Module, implementation: str, group, size: int, rank: int, mode: str = "ulysses") -> None:
     inner, needs_mask = _inner_attention(module, implementation)
     if mode == "ring":
-        others = [n for n in _LocalHeads(module, slice(None))._per_head if n != "sinks"]
+        others = [n for n in LocalHeads(module, slice(None)).per_head if n != "sinks"]
         if others:
             raise LayoutError(f"{type(module).__name__} has per-head parameters {others} that ring attention does not know; use cp_attention='ulysses'")
-    module._halo_cp = ContextShard(group, size, rank, inner, needs_mask, mode)
+    register_shard(module, ContextShard(group, size, rank, inner, needs_mask, mode))
 
 
 def uses_context_parallel(module: nn.Module) -> bool:
-    return isinstance(getattr(module, "_halo_cp", None), ContextShard)
+    return shard_of(module, ContextShard) is not None
 
 
 def check_heads(config, cp: int) -> None:

@@ -26,6 +26,7 @@ from halo_core.parallel import expert_tensor_parallel as etp_engine
 from halo_core.parallel import grouped_experts
 from halo_core.parallel.row_order import ExpandToPairs, PermuteRows, inverse_permutation
 from halo_core.parallel.dispatch import TokenDispatcher
+from halo_core.parallel.layout_state import register_shard, shard_of
 
 IMPLEMENTATION = "halo_ep"
 
@@ -81,7 +82,7 @@ def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
 
 def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher | None, *, etp_rank: int = 0, etp_size: int = 1, etp_group=None) -> None:
     """Keep this rank's block of experts (and, with ETP, its slice of their intermediate dimension) in place,
-    and attach what the ``halo_ep`` forward needs."""
+    and register what the ``halo_ep`` forward needs with the layout."""
     if not hasattr(type(experts).forward, "__wrapped__") or not hasattr(experts, "is_transposed"):
         raise LayoutError(
             f"{type(experts).__name__} does not use transformers' @use_experts_implementation, so the core "
@@ -99,14 +100,14 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
             local = etp_engine.take_slice(local, splits[name], etp_rank, etp_size)
         setattr(experts, name, nn.Parameter(local.clone(), requires_grad=full.requires_grad))
     experts.num_experts = count
-    experts._halo_ep = ExpertShard(
+    register_shard(experts, ExpertShard(
         first, count, num_experts, ep_size, dispatcher or LocalDispatch(), inner, etp_size, etp_rank, etp_group, splits, tuple(whole)
-    )
+    ))
 
 
 def expert_parallel_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
     """The ``halo_ep`` experts implementation: same signature and result as transformers' own."""
-    shard: ExpertShard = self._halo_ep
+    shard: ExpertShard = shard_of(self)
     if shard.etp_size == 1:
         return _dispatch_and_compute(self, shard, hidden_states, top_k_index, top_k_weights)
     counts = etp_engine.row_counts(hidden_states.shape[0], shard.etp_group, hidden_states.device)
@@ -155,4 +156,4 @@ ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, expert_parallel_forward)
 
 
 def uses_expert_parallel(module: nn.Module) -> bool:
-    return isinstance(getattr(module, "_halo_ep", None), ExpertShard)
+    return shard_of(module, ExpertShard) is not None

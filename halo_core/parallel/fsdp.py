@@ -1,6 +1,6 @@
 """FSDP2 over what the other splits leave: the data-parallel ranks.
 
-Experts are sharded over the ranks that hold the same expert block (``ep_replicate`` and
+Experts are sharded over the ranks that hold the same expert block (``ep_replica`` and
 ``cp``). Where one rank alone holds its block (EP over every data-parallel rank) they stay
 plain tensors outside FSDP: a one-rank unit would only copy them in and out of its buffers
 three times a step and hold a second copy while it runs. Everything else is sharded over
@@ -26,6 +26,7 @@ from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from halo_core.parallel.config import ParallelDims
 from halo_core.parallel.expert_parallel import expert_parameters
+from halo_core.parallel.layout_state import shard_of
 from halo_core.parallel.mesh import DATA_DIMS
 
 
@@ -37,7 +38,7 @@ def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 def expert_replica_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The 1-D mesh of the ranks holding the same block of experts."""
-    return mesh["ep_replicate", "cp"]._flatten("ep_replicate_cp")
+    return mesh["ep_replica", "cp"]._flatten("ep_replica_cp")
 
 
 def _sum_only(module) -> None:
@@ -56,7 +57,7 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
     replicas = expert_replica_mesh(mesh)
     ignored = set()
     if replicas.size() == 1:  # each rank holds its experts alone: nothing to shard
-        ignored = {getattr(e, n) for e in expert_modules for n in expert_parameters(e, e._halo_ep.count)}
+        ignored = {getattr(e, n) for e in expert_modules for n in expert_parameters(e, shard_of(e).count)}
     else:
         for experts in expert_modules:
             fully_shard(experts, mesh=replicas)

@@ -24,15 +24,11 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from halo_core.parallel.layout_state import ModelLayout, layout_of
 from halo_core.parallel.mesh import MESH_DIMS
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (FSDP2, TP) gradient; a plain tensor as it is."""
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+from halo_core.parallel.dtensor import local
 
 
 def _all_reduce_sum(tensors: list[torch.Tensor], group) -> None:
-    tensors = [_local(t) for t in tensors]
+    tensors = [local(t) for t in tensors]
     if not tensors:
         return
     flat = _flatten_dense_tensors(tensors)
@@ -62,11 +58,11 @@ def _duplicated_over(kind: str, param: torch.Tensor, layout: ModelLayout) -> tup
     if kind == "dense":
         split = {"tp"} if _is_tp_shard(param) else set()
         if layout.fsdp:
-            split |= {"ep_replicate", "cp", "ep", "etp"}
+            split |= {"ep_replica", "cp", "ep", "etp"}
     else:
         split = {"ep"} | ({"etp"} if kind == "expert" else set())
         if layout.fsdp:
-            split |= {"ep_replicate", "cp"}
+            split |= {"ep_replica", "cp"}
     return tuple(d for d in MESH_DIMS if d not in split)
 
 
@@ -109,7 +105,7 @@ def sync_gradients(model: nn.Module, *, divide: bool = True) -> float:
         _all_reduce_sum([p.grad for p in whole], layout.group("etp"))
     if not divide:
         return 1.0 / layout.dims.dp
-    grads = [_local(p.grad) for _, p, _ in params if p.grad is not None]
+    grads = [local(p.grad) for _, p, _ in params if p.grad is not None]
     if grads:  # one fused launch: a division per parameter cost the slower rank ~5 ms of host time a step (profiled)
         torch._foreach_div_(grads, layout.dims.dp)
     return 1.0
@@ -130,8 +126,8 @@ def global_grad_norm(model: nn.Module) -> torch.Tensor:
         if param.grad is None:
             continue
         device = param.grad.device
-        if not layout.is_distributed or all(coords[_COORD[d]] == 0 for d in _duplicated_over(kind, param, layout)):
-            owned.append(_local(param.grad))
+        if not layout.is_distributed or all(coords[d] == 0 for d in _duplicated_over(kind, param, layout)):
+            owned.append(local(param.grad))
     # Fused over the list: a norm and a square per parameter left the GPU idle while the host looped.
     norms = torch._foreach_norm(owned, 2.0, dtype=torch.float32) if owned else ()
     total_squares = torch.stack(norms).square().sum() if norms else torch.zeros((), device=device or "cpu")
@@ -163,11 +159,8 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0, *
     total, scale = clip_scale(model, max_norm, owed)
     if max_norm == float("inf") and owed == 1.0:
         return total
-    grads = [_local(p.grad) for p in model.parameters() if p.grad is not None]
+    grads = [local(p.grad) for p in model.parameters() if p.grad is not None]
     for dtype in {g.dtype for g in grads}:
         torch._foreach_mul_([g for g in grads if g.dtype == dtype], scale.to(dtype))
     return total
 
-
-#: Mesh dimension -> the coordinate ``ParallelDims.coordinates`` reports for it.
-_COORD = {"ep_replicate": "ep_replica", "cp": "cp", "ep": "ep", "etp": "etp", "tp": "tp"}

@@ -1,16 +1,45 @@
-"""What ``parallelize`` records on a model so that gradient sync, clipping and saving know its layout."""
+"""The layout ``parallelize`` gives a model, and the shards its modules hold, kept by the layout.
+
+Nothing is stored on the modules themselves. FSDP, gradients, state dicts and loading ask
+the ``ModelLayout`` (``layout_of(model)``), which names each sharded module. Forwards reach
+their own module's shard with ``shard_of(module)``: transformers' experts and attention
+interfaces hand the implementation only the module. That table is keyed by the module's
+identity (a plain dict, which ``torch.compile`` traces as it traced an attribute) and each
+entry goes with its module.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import torch.distributed as dist
 from torch import nn
 
 from halo_core.parallel.config import ParallelDims
 
-_ATTRIBUTE = "_halo_layout"
+_SHARDS: dict[int, Any] = {}
+_LAYOUTS: dict[int, "ModelLayout"] = {}
+
+
+def _keep(table: dict[int, Any], module: nn.Module, value: Any) -> None:
+    key = id(module)
+    if key not in table:
+        weakref.finalize(module, table.pop, key, None)
+    table[key] = value
+
+
+def register_shard(module: nn.Module, shard: Any) -> None:
+    """Record what ``module`` holds of a split (an ``ExpertShard``, a ``ContextShard``); the family hooks'
+    ``shard_experts`` and ``shard_attention`` call it, and ``parallelize`` files it in the layout by name."""
+    _keep(_SHARDS, module, shard)
+
+
+def shard_of(module: nn.Module, kind: type | None = None) -> Any:
+    """The shard ``module`` holds (of type ``kind`` when given), or ``None``."""
+    shard = _SHARDS.get(id(module))
+    return shard if kind is None or isinstance(shard, kind) else None
 
 
 @dataclass(frozen=True)
@@ -25,6 +54,16 @@ class ModelLayout:
     etp_whole: frozenset[str] = frozenset()
     #: Parameters kept whole under TP whose gradient each TP rank holds a part of (Qwen3's q/k norms).
     tp_partial: frozenset[str] = frozenset()
+    #: Module name -> ``ExpertShard`` of every experts module split over EP/ETP ranks.
+    experts: Mapping[str, Any] = field(default_factory=dict)
+    #: Module name -> ``ContextShard`` of every attention module run by ``halo_attention``.
+    attention: Mapping[str, Any] = field(default_factory=dict)
+    #: What the last ``load_into`` read on this rank: checkpoint key -> rows along dim 0 (``None``: whole).
+    reads: dict = field(default_factory=dict)
+
+    def expert_shard(self, parameter: str):
+        """The ``ExpertShard`` of the module holding expert parameter ``parameter`` (a ``named_parameters`` name)."""
+        return self.experts[parameter.rsplit(".", 1)[0]]
 
     def group(self, dim: str):
         """Process group of a mesh dimension, or of a named set of them:
@@ -37,7 +76,7 @@ class ModelLayout:
             return None
         from halo_core.parallel.mesh import DATA_DIMS, flat_group
 
-        named = {"dp": DATA_DIMS, "expert_replicas": ("ep_replicate", "cp"), "sample": ("cp", "tp"), "expert_whole": ("ep_replicate", "cp", "etp")}
+        named = {"dp": DATA_DIMS, "expert_replicas": ("ep_replica", "cp"), "sample": ("cp", "tp"), "expert_whole": ("ep_replica", "cp", "etp")}
         return flat_group(self.mesh, named[dim]) if dim in named else self.mesh.get_group(dim)
 
     def coordinates(self) -> dict[str, int]:
@@ -50,11 +89,11 @@ class ModelLayout:
 
 
 def attach(model: nn.Module, layout: ModelLayout) -> None:
-    object.__setattr__(model, _ATTRIBUTE, layout)
+    _keep(_LAYOUTS, model, layout)
 
 
 def layout_of(model: nn.Module) -> ModelLayout:
-    layout = getattr(model, _ATTRIBUTE, None)
+    layout = _LAYOUTS.get(id(model))
     if layout is None:
         raise RuntimeError("this model was not laid out by halo_core.parallelize(); call it first on every rank")
     return layout

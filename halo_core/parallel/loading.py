@@ -22,7 +22,6 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from halo_core.errors import HaloError
 from halo_core.parallel.config import ParallelConfig
-from halo_core.parallel.expert_parallel import ExpertShard
 from halo_core.parallel.expert_tensor_parallel import take_slice
 from halo_core.parallel.layout_state import layout_of
 from halo_core.parallel.parallelize import parallelize
@@ -112,11 +111,6 @@ def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows:
     return tensors[0]
 
 
-def _expert_owner(model: nn.Module, name: str) -> ExpertShard | None:
-    module_name = name.rsplit(".", 1)[0]
-    return getattr(model.get_submodule(module_name), "_halo_ep", None)
-
-
 def model_class_for(hf_config, registry=None):
     """The class to build a model of this config with: the family's ``model_class`` where it names one."""
     import transformers
@@ -154,18 +148,19 @@ def from_pretrained(
 def load_into(model: nn.Module, path: str | Path) -> ReadLog:
     """Fill a laid-out model's parameters from a Hugging Face checkpoint folder, reading only local experts.
 
-    Also used to resume training from a ``checkpoint-N`` folder. Returns (and keeps on the
-    model as ``_halo_read_log``) what this rank read.
+    Also used to resume training from a ``checkpoint-N`` folder. Returns (and keeps in the
+    layout as ``reads``) what this rank read.
     """
     folder = Path(path)
     model_type = model.config.model_type
     log = ReadLog()
     checkpoint = Checkpoint(folder, log)
-    expert_names = layout_of(model).expert_params
+    layout = layout_of(model)
+    expert_names = layout.expert_params
     tied = getattr(model, "_tied_weights_keys", None) or {}
     for name, param in model.named_parameters():
         if name in expert_names:
-            shard = _expert_owner(model, name)
+            shard = layout.expert_shard(name)
             full = _read_expert_block(checkpoint, model_type, name, (shard.first, shard.first + shard.count))
             split = shard.etp_splits.get(name.rsplit(".", 1)[1])
             if split is not None:
@@ -184,5 +179,6 @@ def load_into(model: nn.Module, path: str | Path) -> ReadLog:
             param.copy_(full)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
-    model._halo_read_log = log
+    layout.reads.clear()
+    layout.reads.update(log.reads)
     return log

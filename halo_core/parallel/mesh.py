@@ -8,9 +8,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from halo_core.parallel.config import ParallelDims
 
 
-MESH_DIMS = ("ep_replicate", "cp", "ep", "etp", "tp")
+MESH_DIMS = ("ep_replica", "cp", "ep", "etp", "tp")
 #: The dimensions whose ranks hold different samples (or, for ``cp``, different parts of one).
-DATA_DIMS = ("ep_replicate", "cp", "ep", "etp")
+DATA_DIMS = ("ep_replica", "cp", "ep", "etp")
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:

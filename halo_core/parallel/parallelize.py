@@ -3,7 +3,7 @@
 Steps, in order: resolve and validate the degrees; find the family; check the model's
 experts against ``ep`` and ``etp``, its heads against ``tp`` and ``cp``, its TP plan; build
 the mesh; run the family's hooks (MoE blocks, attention, TP); switch the experts to the
-``halo_ep`` implementation and attention to the ``halo_ulysses`` wrapper; FSDP2 over the
+``halo_ep`` implementation and attention to the ``halo_attention`` wrapper; FSDP2 over the
 data-parallel ranks; record the layout. Every check that can fail runs before any weight moves.
 """
 
@@ -19,7 +19,7 @@ from halo_core.layout import find_moe_blocks
 from halo_core.parallel import context_parallel, expert_parallel, expert_tensor_parallel, tensor_parallel
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import apply_fsdp
-from halo_core.parallel.layout_state import ModelLayout, attach
+from halo_core.parallel.layout_state import ModelLayout, attach, shard_of
 from halo_core.parallel.mesh import build_mesh
 from halo_core.parallel.plan import plan_layout
 from halo_core.registry import Registry, discover
@@ -83,13 +83,15 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
 
 
 def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules: list[tuple[str, nn.Module]], family=None) -> nn.Module:
+    experts = {name: shard_of(module) for name, module in expert_modules}
+    attention = {name: shard_of(module) for name, module in model.named_modules() if context_parallel.uses_context_parallel(module)}
     expert_params = frozenset(
-        f"{name}.{p}" for name, module in expert_modules for p in expert_parallel.expert_parameters(module, module._halo_ep.count)
+        f"{name}.{p}" for name, module in expert_modules for p in expert_parallel.expert_parameters(module, experts[name].count)
     )
-    etp_whole = frozenset(f"{name}.{p}" for name, module in expert_modules if module._halo_ep.etp_size > 1 for p in module._halo_ep.etp_whole)
+    etp_whole = frozenset(f"{name}.{p}" for name, shard in experts.items() if shard.etp_size > 1 for p in shard.etp_whole)
     tp_partial = tensor_parallel.partial_gradient_parameters(model, family) if dims.tp > 1 else frozenset()
     use_fsdp = config.fsdp and mesh is not None
     if use_fsdp:
         apply_fsdp(model, dims, mesh, [m for _, m in expert_modules], config.fsdp_unit_layers)
-    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial))
+    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial, experts=experts, attention=attention))
     return model

@@ -29,7 +29,7 @@ def _gather_on_rank0(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]
             tensor = tensor.full_tensor()
         if layout.is_distributed and name in layout.expert_params:
             if layout.dims.etp > 1 and name not in layout.etp_whole:
-                split = model.get_submodule(name.rsplit(".", 1)[0])._halo_ep.etp_splits[name.rsplit(".", 1)[1]]
+                split = layout.expert_shard(name).etp_splits[name.rsplit(".", 1)[1]]
                 tensor = join_slices(_all_gather(tensor, layout.dims.etp, layout.group("etp")), split)
             if layout.dims.ep > 1:
                 tensor = torch.cat(_all_gather(tensor, layout.dims.ep, layout.group("ep")), dim=0)

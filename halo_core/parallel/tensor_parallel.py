@@ -8,7 +8,7 @@ family's ``Family.tp_plan`` where it declares one, else the model's own
 router, embeddings, norms and ``lm_head`` stay replicated, so every TP rank computes
 the same residual stream. Per-head parameters of attention modules (GPT-OSS's sinks)
 are split with the heads; the attention wrapper hands the inner implementation the
-local part (``context_parallel._LocalHeads``).
+local part (``local_heads.LocalHeads``).
 """
 
 from __future__ import annotations

@@ -196,6 +196,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     from halo_core import clip_grad_norm_, full_gradients, full_state_dict, parallelize, sync_gradients
 
     from halo_core.parallel.context_parallel import context_parallel_inputs
+    from halo_core.parallel.layout_state import layout_of
 
     where = f"{config} rank {rank}"
     dims = config.resolve(world)
@@ -226,7 +227,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
         assert_close(out.loss, theirs.loss, f"{where}: loss")
     else:
         total = out.loss.detach().clone()
-        dist.all_reduce(total, group=model._halo_layout.group("cp"))
+        dist.all_reduce(total, group=layout_of(model).group("cp"))
         assert_close(total, theirs.loss, f"{where}: loss summed over the CP group")
     if getattr(out, "aux_loss", None) is not None:
         assert_close(out.aux_loss, theirs.aux_loss, f"{where}: auxiliary loss")

@@ -190,7 +190,7 @@ _DEGREE = re.compile(r"\b(ep|etp|tp|cp)\b(?==| among)")
 def _in_run_fields(message: str) -> str:
     """A layout rule's message in the run's own field names (``ep=3`` -> ``expert_parallel_size=3``); a rule that
     speaks of products (``ep*etp``) gets the list of fields that set them."""
-    if "_size" in message:
+    if "_size" in message or "parallel size" in message:  # already says which field
         return message
     named = _DEGREE.sub(lambda m: _RUN_FIELD[m[1]], message)
     return named if named != message else f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
