@@ -131,11 +131,13 @@ def _read(model: nn.Module, name: str, param: torch.Tensor, handle) -> torch.Ten
 
 
 @torch.no_grad()
-def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
+def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> list[int]:
     """Fill ``optimizer`` (built for the current layout) from ``folder``, whatever layout wrote it; every rank calls this.
 
-    Which parameter belongs to which group comes from ``optimizer``; the groups' stored
-    hyper-parameters are found through their parameters' names.
+    Which parameter belongs to which group comes from ``optimizer`` (layouts may group them
+    differently); each group's stored hyper-parameters are found through its parameters' names.
+    Returns, for each of ``optimizer``'s groups, the stored group it took them from (for
+    per-group lists kept elsewhere, such as a scheduler's ``base_lrs``).
     """
     folder = Path(folder)
     manifest = json.loads((folder / MANIFEST).read_text())
@@ -144,21 +146,28 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
     inner = _inner(optimizer)
     names = _param_names(model, inner)
     stored_group = {name: i for i, group in enumerate(manifest["param_groups"]) for name in group["params"]}
-    state, groups, index = {}, [], 0
+    state, groups, sources, index = {}, [], [], 0
     with contextlib.ExitStack() as stack:
         handles = {key: stack.enter_context(safe_open(folder / f"{key}.safetensors", "pt")) for key in manifest["tensors"]}
         keys = {key: set(handle.keys()) for key, handle in handles.items()}
         for group in inner.param_groups:
             group_names = [names[id(p)] for p in group["params"]]
-            found = {stored_group.get(n) for n in group_names}
-            if None in found or len(found) != 1:
-                lost = next((n for n in group_names if n not in stored_group), group_names[0])
+            lost = next((n for n in group_names if n not in stored_group), None)
+            if lost is not None:
                 raise CheckpointError(
-                    f"{folder}: parameter {lost} is {'not in the stored optimizer' if lost not in stored_group else 'in another stored param group than its peers'}; "
-                    f"the checkpoint belongs to another model or optimizer setup (resume with the same model and weight decay grouping)"
+                    f"{folder}: parameter {lost} is not in the stored optimizer; the checkpoint belongs to another model or setup"
                 )
-            stored = manifest["param_groups"][found.pop()]
-            hyper = {k: _from_json(v, group.get(k)) for k, v in stored.items() if k != "params"}
+            # Groups may be cut otherwise on this layout (transformers gives each device mesh its own group):
+            # what matters is that this group's parameters were stored with one set of hyper-parameters.
+            stored_hypers = {i: {k: v for k, v in manifest["param_groups"][i].items() if k != "params"} for i in {stored_group[n] for n in group_names}}
+            stored = next(iter(stored_hypers.values()))
+            if any(h != stored for h in stored_hypers.values()):
+                raise CheckpointError(
+                    f"{folder}: parameters {group_names[0]} and others share a param group here but were stored with different "
+                    f"hyper-parameters ({list(stored_hypers.values())[:2]}); build the optimizer with the grouping the run was saved with"
+                )
+            hyper = {k: _from_json(v, group.get(k)) for k, v in stored.items()}
+            sources.append(min(stored_hypers))
             ids = []
             for param, name in zip(group["params"], group_names):
                 entry = {key: _read(model, name, param, handles[key]) for key in handles if name in keys[key]}
@@ -169,6 +178,7 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
                 index += 1
             groups.append({**{k: v for k, v in group.items() if k != "params"}, **hyper, "params": ids})
         optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return sources
 
 
 def written(folder: str | Path) -> bool:

@@ -124,8 +124,8 @@ class DistributedTrainerMixin:
     def _load_optimizer_and_scheduler(self, folder):
         if folder is None:
             return
-        checkpoint.load_optimizer(self.model, self.optimizer, folder)
-        checkpoint.load_scheduler(self.lr_scheduler, folder)
+        groups = checkpoint.load_optimizer(self.model, self.optimizer, folder)
+        checkpoint.load_scheduler(self.lr_scheduler, folder, groups)
 
     def _load_rng_state(self, folder):
         # transformers reads it with weights_only=True (plain data only); this names the file if that refuses one.

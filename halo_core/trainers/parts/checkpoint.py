@@ -73,13 +73,17 @@ def save_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) 
     optimizer_state.save_optimizer(model, optimizer, Path(folder) / OPTIMIZER_FOLDER)
 
 
-def load_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
-    """Every rank takes its part of ``folder/optimizer/``; a checkpoint without one (``save_only_model``) leaves the optimizer fresh."""
+def load_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) -> list[int] | None:
+    """Every rank takes its part of ``folder/optimizer/``; a checkpoint without one (``save_only_model``) leaves the optimizer fresh.
+
+    Returns the stored group each of the optimizer's groups comes from (``None`` if nothing was loaded).
+    """
     stored = Path(folder) / OPTIMIZER_FOLDER
     if optimizer_state.written(stored):
-        optimizer_state.load_optimizer(model, optimizer, stored)
-    elif pickled_optimizer(folder):
+        return optimizer_state.load_optimizer(model, optimizer, stored)
+    if pickled_optimizer(folder):
         raise CheckpointError(PICKLED.format(folder=folder))
+    return None
 
 
 def pickled_optimizer(folder: str | Path) -> bool:
@@ -107,11 +111,18 @@ def save_scheduler(scheduler, folder: str | Path) -> None:
     torch.save(scheduler.state_dict(), Path(folder) / SCHEDULER)
 
 
-def load_scheduler(scheduler, folder: str | Path) -> None:
+def load_scheduler(scheduler, folder: str | Path, groups: list[int] | None = None) -> None:
+    """``groups``: the stored param group each current one comes from (``load_optimizer``). A scheduler keeps
+    lists with one entry per param group (``base_lrs``, ``_last_lr``), and another layout may group differently."""
     path = Path(folder) / SCHEDULER
-    if path.exists():
-        with no_code_from(path):
-            scheduler.load_state_dict(torch.load(path, weights_only=True))
+    if not path.exists():
+        return
+    with no_code_from(path):
+        state = torch.load(path, weights_only=True)
+    stored = len(state.get("base_lrs", ()))
+    if groups is not None and stored:
+        state = {k: [v[i] for i in groups] if isinstance(v, list) and len(v) == stored else v for k, v in state.items()}
+    scheduler.load_state_dict(state)
 
 
 def staged_checkpoint_root(run_dir: str) -> str:
