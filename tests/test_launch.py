@@ -1,12 +1,14 @@
 """`halo launch sft` end to end on the CPU: layouts give the same training as one process and as stock TRL."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from halo_core.testing.compare import assert_close
 
@@ -143,14 +145,65 @@ def test_bf16_trains_with_adamw_bf16_and_resumes_exactly(tmp_path):
             "--per_device_train_batch_size=2", "--save_strategy=steps", "--save_steps=2", "--router_aux_loss_coef=0.0"]
     straight = tmp_path / "straight"
     launch(straight, *args, nproc=2)
-    state = torch.load(straight / "checkpoint-4" / "optimizer.rank1.pt", weights_only=False)["state"]
-    assert {s["exp_avg"].dtype for s in state.values()} == {torch.bfloat16}
+    exp_avg = load_file(straight / "checkpoint-4" / "optimizer" / "exp_avg.safetensors")
+    assert {t.dtype for t in exp_avg.values()} == {torch.bfloat16}
     interrupted = tmp_path / "interrupted"
     launch(interrupted, *args, "--max_steps=2", nproc=2)
     launch(interrupted, *args, f"--resume_from_checkpoint={interrupted / 'checkpoint-2'}", nproc=2)
     reference = weights(straight)
     for name, tensor in weights(interrupted).items():
         assert torch.equal(tensor, reference[name]), f"{name} differs after resuming a bf16 run"
+
+
+# AdamW, so that a resume that lost the optimizer state would not continue the run.
+ADAMW = [*(a for a in COMMON if not a.startswith(("--optim", "--learning_rate", "--max_steps"))), "--optim=adamw_torch", "--learning_rate=1e-3",
+         "--max_steps=6", "--save_strategy=steps", "--save_steps=2", "--save_total_limit=2"]
+
+
+@pytest.fixture(scope="module")
+def adamw_runs(tmp_path_factory):
+    """Two uninterrupted AdamW runs of the same training: one process, and two processes at ep=2."""
+    root = tmp_path_factory.mktemp("adamw")
+    launch(root / "one", *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=2")
+    launch(root / "ep2", *ADAMW, "--expert_parallel_size=2", "--per_device_train_batch_size=1", nproc=2)
+    return {"one": root / "one", "ep2": root / "ep2"}
+
+
+def test_save_total_limit_keeps_the_newest_checkpoints(adamw_runs):
+    for run in adamw_runs.values():
+        assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+        assert not list(run.glob(".*"))
+
+
+@pytest.mark.parametrize(
+    "saved, resumed, nproc",
+    [("ep2", ["--expert_parallel_size=1", "--per_device_train_batch_size=2"], 1),
+     ("one", ["--expert_parallel_size=1", "--expert_tensor_parallel_size=2", "--per_device_train_batch_size=1"], 2)],
+    ids=["ep2-to-one-process", "one-process-to-etp2"],
+)
+def test_resume_on_another_layout_continues_exactly(adamw_runs, tmp_path, saved, resumed, nproc):
+    straight = adamw_runs[saved]
+    out = tmp_path / "resumed"
+    launch(out, *ADAMW, *resumed, f"--resume_from_checkpoint={straight / 'checkpoint-4'}", nproc=nproc)
+    assert losses(out)[-2:] == pytest.approx(losses(straight)[-2:], abs=1e-4)
+    reference = weights(straight)
+    for name, tensor in weights(out).items():
+        assert_close(tensor, reference[name], f"{name} after resuming {saved}'s step 4 with {resumed} on {nproc} process(es)", rtol=1e-4)
+
+
+def test_resuming_runs_no_code_from_the_checkpoint(adamw_runs, tmp_path):
+    from test_checkpoint import plant_pickle
+
+    shared = tmp_path / "checkpoint-4"
+    shutil.copytree(adamw_runs["one"] / "checkpoint-4", shared)
+    marker = tmp_path / "marker"
+    for name in ("rng_state.pth", "training_args.bin", "optimizer.rank0.pt"):
+        plant_pickle(shared / name, marker)
+    command = [sys.executable, "-m", "halo_cli", "launch", "sft", str(TINY), "--", f"--output_dir={tmp_path / 'out'}", *ADAMW,
+               "--expert_parallel_size=1", "--per_device_train_batch_size=2", f"--resume_from_checkpoint={shared}"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode != 0 and "rng_state" in result.stderr and "Halo refuses it" in result.stderr, result.stderr[-3000:]
+    assert not marker.exists()
 
 
 def test_two_nodes_through_the_rendezvous_flags(tmp_path):

@@ -144,6 +144,32 @@ def from_pretrained(
     return model
 
 
+def expert_rows(model: nn.Module, name: str) -> tuple[int, int] | None:
+    """The experts (rows along dim 0) this rank holds of the parameter ``name``; ``None`` if it is not expert-sharded."""
+    if name not in layout_of(model).expert_params:
+        return None
+    shard = layout_of(model).expert_shard(name)
+    return shard.first, shard.first + shard.count
+
+
+def place(model: nn.Module, name: str, param: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """``block`` (whole, or this rank's experts of an expert parameter) laid out like ``param``.
+
+    Its ETP slice, then its DTensor shard (a DTensor with ``param``'s mesh and placements) for
+    a DTensor ``param``. The dtype is left as it is: weights take the parameter's, optimizer
+    state keeps its own.
+    """
+    if name in layout_of(model).expert_params:
+        shard = layout_of(model).expert_shard(name)
+        split = shard.etp_splits.get(name.rsplit(".", 1)[1])
+        if split is not None:
+            block = take_slice(block, split, shard.etp_rank, shard.etp_size)
+    block = block.to(param.device)
+    if isinstance(param, DTensor):
+        return distribute_tensor(block, param.device_mesh, param.placements, src_data_rank=None)
+    return block
+
+
 @torch.no_grad()
 def load_into(model: nn.Module, path: str | Path) -> ReadLog:
     """Fill a laid-out model's parameters from a Hugging Face checkpoint folder, reading only local experts.
@@ -156,27 +182,22 @@ def load_into(model: nn.Module, path: str | Path) -> ReadLog:
     log = ReadLog()
     checkpoint = Checkpoint(folder, log)
     layout = layout_of(model)
-    expert_names = layout.expert_params
     tied = getattr(model, "_tied_weights_keys", None) or {}
     for name, param in model.named_parameters():
-        if name in expert_names:
-            shard = layout.expert_shard(name)
-            full = _read_expert_block(checkpoint, model_type, name, (shard.first, shard.first + shard.count))
-            split = shard.etp_splits.get(name.rsplit(".", 1)[1])
-            if split is not None:
-                full = take_slice(full, split, shard.etp_rank, shard.etp_size)
+        rows = expert_rows(model, name)
+        if rows is not None:
+            block = _read_expert_block(checkpoint, model_type, name, rows)
         elif name in checkpoint:
-            full = checkpoint.read(name)
+            block = checkpoint.read(name)
         elif name in tied:
             continue  # filled by its tie
         else:  # fused experts without EP, or another converted tensor
-            full = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]))
-        full = full.to(device=param.device, dtype=param.dtype)
+            block = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]))
+        local = place(model, name, param, block.to(dtype=param.dtype))
         if isinstance(param, DTensor):
-            full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-            param.to_local().copy_(full)
+            param.to_local().copy_(local.to_local())
         else:
-            param.copy_(full)
+            param.copy_(local)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
     layout.reads.clear()

@@ -20,7 +20,12 @@ def _all_gather(tensor: torch.Tensor, size: int, group) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _gather_on_rank0(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each tensor, sharded like the parameter of its name, joined whole on rank 0 (other ranks: an empty dict).
+
+    Weights, gradients and per-parameter optimizer state share this join, so all three are
+    stored under the same names and shapes. Every rank must pass the same names in the same order.
+    """
     layout = layout_of(model)
     rank = dist.get_rank() if layout.is_distributed else 0
     full: dict[str, torch.Tensor] = {}
@@ -43,9 +48,9 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
     Every rank must call it (it runs collectives).
     """
-    return _gather_on_rank0(model, model.state_dict().items())
+    return gather_full(model, model.state_dict().items())
 
 
 def full_gradients(model: nn.Module) -> dict[str, torch.Tensor]:
     """Like :func:`full_state_dict` for the gradients (a zero tensor where a parameter has none)."""
-    return _gather_on_rank0(model, ((n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()))
+    return gather_full(model, ((n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()))

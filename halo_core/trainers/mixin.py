@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from halo_core.kernels.liger import keep_experts_interface
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
@@ -108,23 +106,34 @@ class DistributedTrainerMixin:
         self._halo_staging = True
         try:
             super()._save_checkpoint(model, trial)
+            staged_root = self._get_output_dir(trial)
         finally:
             self._halo_staging = False
+        run_dir = self._get_output_dir(trial)
         name = f"checkpoint-{self.state.global_step}"
-        final = checkpoint.promote_checkpoint(self._get_output_dir(trial), name)
-        if self.state.best_model_checkpoint and self.state.best_model_checkpoint.endswith(os.sep + name):
-            self.state.best_model_checkpoint = final
+        if self.state.best_model_checkpoint == os.path.join(staged_root, name):
+            # transformers recorded the best checkpoint where it was assembled: record where it will live, in the
+            # checkpoint's own trainer state too (a resumed run forgets a best checkpoint whose folder is gone).
+            self.state.best_model_checkpoint = os.path.join(run_dir, name)
+            if self.args.should_save:
+                self.state.save_to_json(os.path.join(staged_root, name, "trainer_state.json"))
+        checkpoint.promote_checkpoint(run_dir, name, self.args.save_total_limit, self.state.best_model_checkpoint)
 
     def _save_optimizer_and_scheduler(self, output_dir):
-        checkpoint.save_optimizer_shard(self.optimizer, output_dir)
+        checkpoint.save_optimizer(self.model, self.optimizer, output_dir)
         if self.args.should_save:
-            torch.save(self.lr_scheduler.state_dict(), os.path.join(output_dir, "scheduler.pt"))
+            checkpoint.save_scheduler(self.lr_scheduler, output_dir)
 
     def _load_optimizer_and_scheduler(self, folder):
         if folder is None:
             return
-        checkpoint.load_optimizer_shard(self.optimizer, folder)
-        self.lr_scheduler.load_state_dict(torch.load(os.path.join(folder, "scheduler.pt"), weights_only=True))
+        groups = checkpoint.load_optimizer(self.model, self.optimizer, folder)
+        checkpoint.load_scheduler(self.lr_scheduler, folder, groups)
+
+    def _load_rng_state(self, folder):
+        # transformers reads it with weights_only=True (plain data only); this names the file if that refuses one.
+        with checkpoint.no_code_from(os.path.join(folder or "", "rng_state*.pth")):
+            super()._load_rng_state(folder)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         load_into(self.model, resume_from_checkpoint)

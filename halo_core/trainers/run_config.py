@@ -25,6 +25,8 @@ from halo_core.trainers.typecheck import coerce, describe, matches
 
 #: Fields resolved against the YAML file's folder when that path exists there.
 _PATH_FIELDS = ("model_name_or_path",)
+#: Fields that take more than their dataclass annotation says, as ``Trainer.train`` does (``true``: the latest checkpoint).
+_WIDER_TYPES = {"resume_from_checkpoint": str | bool | None}
 
 
 @dataclass
@@ -123,6 +125,7 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
 
     halo_hints = _type_hints(HaloArguments)
     trainer_hints = _type_hints(config_class)
+    trainer_hints.update({k: t for k, t in _WIDER_TYPES.items() if k in trainer_hints})
     known = set(halo_hints) | set(trainer_hints)
     for key in merged:
         _check_key(key, known, where)

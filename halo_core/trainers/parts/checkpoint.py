@@ -1,4 +1,4 @@
-"""Checkpoints that stay plain Hugging Face whatever the layout, written atomically, with sharded optimizer state.
+"""Checkpoints that stay plain Hugging Face whatever the layout, written atomically, resumable on any layout.
 
 - Model: ``full_state_dict`` (every rank joins) and ``save_pretrained`` on rank 0 into a
   staging folder, then moved into place; ``config.json`` moves last, so a loader never
@@ -6,22 +6,34 @@
 - ``checkpoint-N``: the whole folder (model, optimizer shards, scheduler, RNG, trainer
   state) is written as ``tmp-checkpoint-N`` and renamed when complete. Neither
   transformers' ``get_last_checkpoint`` nor checkpoint rotation matches that name.
-- Optimizer: one file per rank (``optimizer.rank{R}.pt``) holding its local shards.
+- Optimizer: ``optimizer/``, each state tensor whole under its parameter's name
+  (``halo_core.parallel.optimizer_state``), so a run resumes on another layout.
+- Resuming reads nothing that can run code: tensors through safetensors, the rest as JSON
+  or ``torch.load(weights_only=True)``.
+- ``save_total_limit``: transformers' own rotation, run on the run folder once the new
+  checkpoint is in place there (in the staging folder it would see one checkpoint only);
+  it never deletes the newest, so a complete checkpoint always remains.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from transformers.trainer_utils import rotate_checkpoints
 
+from halo_core.parallel import optimizer_state
+from halo_core.parallel.loading import CheckpointError
 from halo_core.parallel.state_dict import full_state_dict
 
 STAGING_PREFIX = "tmp-"
+OPTIMIZER_FOLDER = "optimizer"
+SCHEDULER = "scheduler.pt"
 
 
 def rank() -> int:
@@ -56,28 +68,61 @@ def publish(staging: Path, folder: Path) -> None:
     staging.rmdir()
 
 
-def _local(value):
-    return value.to_local() if isinstance(value, DTensor) else value
+def save_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
+    """Every rank calls this; rank 0 writes ``folder/optimizer/`` whole, so it resumes on any layout."""
+    optimizer_state.save_optimizer(model, optimizer, Path(folder) / OPTIMIZER_FOLDER)
 
 
-def save_optimizer_shard(optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
-    state = optimizer.state_dict()
-    state["state"] = {i: {k: _local(v) for k, v in s.items()} for i, s in state["state"].items()}
-    torch.save(state, Path(folder) / f"optimizer.rank{rank()}.pt")
+def load_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) -> list[int] | None:
+    """Every rank takes its part of ``folder/optimizer/``; a checkpoint without one (``save_only_model``) leaves the optimizer fresh.
+
+    Returns the stored group each of the optimizer's groups comes from (``None`` if nothing was loaded).
+    """
+    stored = Path(folder) / OPTIMIZER_FOLDER
+    if optimizer_state.written(stored):
+        return optimizer_state.load_optimizer(model, optimizer, stored)
+    if pickled_optimizer(folder):
+        raise CheckpointError(PICKLED.format(folder=folder))
+    return None
 
 
-def load_optimizer_shard(optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
-    path = Path(folder) / f"optimizer.rank{rank()}.pt"
+def pickled_optimizer(folder: str | Path) -> bool:
+    """Whether ``folder`` holds only an older Halo's optimizer shards (pickles, which Halo no longer reads)."""
+    return not optimizer_state.written(Path(folder) / OPTIMIZER_FOLDER) and any(Path(folder).glob("optimizer.rank*.pt"))
+
+
+PICKLED = ("{folder} holds its optimizer state as pickles (optimizer.rank*.pt, an older Halo); Halo does not unpickle "
+           "checkpoints (a pickle can run code); start from its weights instead (model_name_or_path: {folder})")
+
+
+@contextlib.contextmanager
+def no_code_from(path: str | Path):
+    """Turn torch's refusal to unpickle anything but plain data (``weights_only=True``) into one line naming the file."""
+    try:
+        yield
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{path} holds objects that only a full unpickle could build (and a pickle can run code); Halo refuses it; "
+            f"delete that file to resume without it"
+        ) from None
+
+
+def save_scheduler(scheduler, folder: str | Path) -> None:
+    torch.save(scheduler.state_dict(), Path(folder) / SCHEDULER)
+
+
+def load_scheduler(scheduler, folder: str | Path, groups: list[int] | None = None) -> None:
+    """``groups``: the stored param group each current one comes from (``load_optimizer``). A scheduler keeps
+    lists with one entry per param group (``base_lrs``, ``_last_lr``), and another layout may group differently."""
+    path = Path(folder) / SCHEDULER
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: resume with the same number of processes and layout that wrote {folder}")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for index, entries in state["state"].items():
-        param = params[index]
-        for key, value in entries.items():
-            if isinstance(param, DTensor) and torch.is_tensor(value) and value.dim() > 0:
-                entries[key] = DTensor.from_local(value.to(param.device), param.device_mesh, param.placements)
-    optimizer.load_state_dict(state)
+        return
+    with no_code_from(path):
+        state = torch.load(path, weights_only=True)
+    stored = len(state.get("base_lrs", ()))
+    if groups is not None and stored:
+        state = {k: [v[i] for i in groups] if isinstance(v, list) and len(v) == stored else v for k, v in state.items()}
+    scheduler.load_state_dict(state)
 
 
 def staged_checkpoint_root(run_dir: str) -> str:
@@ -85,8 +130,9 @@ def staged_checkpoint_root(run_dir: str) -> str:
     return os.path.join(run_dir, f".{STAGING_PREFIX}checkpoints")
 
 
-def promote_checkpoint(run_dir: str, name: str) -> str:
-    """Rename the assembled ``checkpoint-N`` into the run folder (rank 0), after every rank finished writing."""
+def promote_checkpoint(run_dir: str, name: str, save_total_limit: int | None = None, best_model_checkpoint: str | None = None) -> str:
+    """Rename the assembled ``checkpoint-N`` into the run folder (rank 0), after every rank finished writing;
+    then delete the oldest beyond ``save_total_limit``, keeping the newest and the best as transformers does."""
     barrier()
     staged = os.path.join(staged_checkpoint_root(run_dir), name)
     final = os.path.join(run_dir, name)
@@ -95,5 +141,6 @@ def promote_checkpoint(run_dir: str, name: str) -> str:
             shutil.rmtree(final)
         os.replace(staged, final)
         shutil.rmtree(staged_checkpoint_root(run_dir), ignore_errors=True)
+        rotate_checkpoints(run_dir, save_total_limit=save_total_limit, best_model_checkpoint=best_model_checkpoint, use_mtime=True)
     barrier()
     return final
