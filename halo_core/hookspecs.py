@@ -98,6 +98,12 @@ def wrap_attention(module: nn.Module, context: ParallelContext) -> nn.Module | N
     The default plugs context parallelism (Ulysses or ring, ``context.cp_attention``) into
     transformers' attention-function registry and, under TP, hands the inner
     implementation this rank's heads; the module itself is kept.
+
+    A module of your own that still runs transformers' attention interface must register
+    itself the same way: call ``halo_core.parallel.context_parallel.shard_attention`` on it
+    with the arguments the default passes (``halo_core.defaults.wrap_attention``), so the
+    ``halo_attention`` implementation finds its group, rank and inner implementation. With
+    ``cp`` or ``tp`` above one and no attention module registered, the layout is refused.
     """
 
 
