@@ -29,11 +29,12 @@ from torch.distributed._functional_collectives import all_to_all_single_autograd
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from halo_core.errors import LayoutError
 from halo_core.hf_config import text_config
+from halo_core.parallel.collectives import all_gather_single
 from halo_core.parallel.dtensor import local
 from halo_core.parallel.layout_state import register_shard, shard_of
 from halo_core.parallel.local_heads import LocalHeads
-from halo_core.errors import LayoutError
 from halo_core.parallel.ring_attention import ring_attention
 
 IMPLEMENTATION = "halo_attention"
@@ -90,7 +91,7 @@ def sequence_documents(position_ids: torch.Tensor | None, group, size: int) -> t
         return None
     batch, length = position_ids.shape
     chunks = torch.empty((size * batch, length), dtype=position_ids.dtype, device=position_ids.device)
-    dist.all_gather_into_tensor(chunks, position_ids.contiguous(), group=group)
+    all_gather_single(chunks, position_ids.contiguous(), group=group)
     positions = chunks.view(size, batch, length).permute(1, 0, 2).reshape(batch, size * length)
     starts = positions == 0
     if not starts[:, 1:].any():

@@ -24,9 +24,9 @@ from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from halo_core.errors import LayoutError
 from halo_core.parallel import expert_tensor_parallel as etp_engine
 from halo_core.parallel import grouped_experts
-from halo_core.parallel.row_order import ExpandToPairs, PermuteRows, inverse_permutation
 from halo_core.parallel.dispatch import TokenDispatcher
 from halo_core.parallel.layout_state import register_shard, shard_of
+from halo_core.parallel.row_order import ExpandToPairs, PermuteRows, inverse_permutation
 
 IMPLEMENTATION = "halo_ep"
 

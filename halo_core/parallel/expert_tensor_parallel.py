@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from halo_core.errors import LayoutError
+from halo_core.parallel.collectives import all_gather_single
 
 #: How a fused parameter's intermediate axis is laid out: two concatenated halves
 #: (gate then up), or one block (down, interleaved gate/up pairs, up only).
@@ -88,7 +89,7 @@ def gather_rows(x: torch.Tensor, counts: list[int], group) -> torch.Tensor:
     padded = x.new_zeros((most, *x.shape[1:]))
     padded[: x.shape[0]] = x
     out = x.new_empty((len(counts) * most, *x.shape[1:]))
-    dist.all_gather_into_tensor(out, padded.contiguous(), group=group)
+    all_gather_single(out, padded.contiguous(), group=group)
     return torch.cat([out[i * most : i * most + c] for i, c in enumerate(counts)])
 
 
@@ -130,5 +131,5 @@ class ReduceScatterRows(torch.autograd.Function):
 def row_counts(rows: int, group, device) -> list[int]:
     count = torch.tensor([rows], dtype=torch.int64, device=device)
     counts = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(counts, count, group=group)
+    all_gather_single(counts, count, group=group)
     return counts.tolist()

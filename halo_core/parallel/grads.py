@@ -22,9 +22,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from halo_core.parallel.dtensor import local
 from halo_core.parallel.layout_state import ModelLayout, layout_of
 from halo_core.parallel.mesh import MESH_DIMS
-from halo_core.parallel.dtensor import local
 
 
 def _all_reduce_sum(tensors: list[torch.Tensor], group) -> None:

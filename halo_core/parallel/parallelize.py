@@ -45,8 +45,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     """
     world = dist.get_world_size() if dist.is_initialized() else 1
     registry = registry or discover()
-    params = list(model.parameters())
-    plan = plan_layout(config, model.config, registry, world, itemsize=params[0].element_size() if params else 4)
+    plan = plan_layout(config, model.config, registry, world, experts_from_config=False)
     dims, record = plan.dims, plan.record
     if record is None:
         return _finish(model, config, dims, build_mesh(dims, _device_type(model, device_type)), [])

@@ -74,12 +74,14 @@ def first_field(model_config, fields: tuple[str, ...]) -> int | None:
 
 
 def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, itemsize: int = 2,
-                experts_implementation: str | None = None) -> LayoutPlan:
+                experts_implementation: str | None = None, experts_from_config: bool = True) -> LayoutPlan:
     """Resolve ``config`` on ``world`` ranks for a model of ``model_config`` (``None``: a hub id not read yet)
     and check every rule that needs no module; raise ``LayoutError`` naming the numbers and the fix.
 
     ``itemsize`` is the training dtype's element size (2 checks the stricter bf16 alignment);
     ``experts_implementation`` the one the run asks for (``None``: the model's default).
+    ``experts_from_config=False`` leaves the expert count and width to the caller, which reads
+    them off every MoE block (``parallelize``: blocks may differ, and their names make the message).
     """
     from halo_core.adapt import check_splits
     from halo_core.context import ParallelContext
@@ -106,6 +108,7 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
         plan = LayoutPlan(config, dims, model_type, record, get_dispatcher(config.ep_dispatcher))
     if model_config is not None:
         check_head_split(model_config, dims.tp, dims.cp, config.cp_attention)
+    if model_config is not None and experts_from_config:
         experts = first_field(model_config, EXPERT_COUNT_FIELDS)
         if experts and dims.ep > 1:
             plan.check_experts("the model", experts)

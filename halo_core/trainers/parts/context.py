@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from halo_core.errors import ConfigError
+from halo_core.parallel.collectives import all_gather_single
 from halo_core.parallel.context_parallel import context_parallel_inputs
 
 
@@ -33,7 +34,7 @@ def _pool_packed(inputs: dict, cp: int, group, pad_token_id: int) -> tuple[torch
     if ids.shape[0] != 1:
         raise ConfigError(f"a padding-free batch should be one row of packed documents, got {ids.shape[0]} rows")
     lengths = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=ids.device)
-    dist.all_gather_into_tensor(lengths, torch.tensor([ids.shape[1]], device=ids.device), group=group)
+    all_gather_single(lengths, torch.tensor([ids.shape[1]], device=ids.device), group=group)
     lengths = lengths.tolist()
     pieces = [_gather_padded(t, max(lengths), fill, group) for t, fill in ((ids, pad_token_id), (labels, -100), (positions, 0))]
     joined = [torch.cat([p[r : r + 1, :n] for r, n in enumerate(lengths)], dim=1) for p in pieces]
