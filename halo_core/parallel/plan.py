@@ -18,6 +18,8 @@ from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors, ep
 #: Config fields that hold a MoE model's expert count and its experts' intermediate width.
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 EXPERT_WIDTH_FIELDS = ("moe_intermediate_size", "intermediate_size")
+#: Each split's degree as a run's YAML names it.
+RUN_FIELDS = {"ep": "expert_parallel_size", "etp": "expert_tensor_parallel_size", "tp": "tensor_parallel_size", "cp": "context_parallel_size"}
 #: ``torch._grouped_mm`` refuses operands whose strides are not multiples of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
 
@@ -98,9 +100,12 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     plan = LayoutPlan(config, dims, model_type, record)
     wanted = plan.splits
     if wanted and model_type and record is None:
+        asked = ", ".join(f"{s}={n}" for s, n in sorted(wanted.items()))
+        ones = ", ".join(f"{s}=1" for s in sorted(wanted))
+        fields = ", ".join(RUN_FIELDS[s] for s in sorted(wanted))
         raise LayoutError(
-            f"no installed family plugin claims model type {model_type!r}, so only data parallelism (FSDP2) "
-            f"is available; set {', '.join(f'{s}=1' for s in wanted)} or install a plugin for {model_type!r}"
+            f"no installed family plugin claims model type {model_type!r}, so it trains with data parallelism (FSDP2) "
+            f"only, not {asked}; set {ones} (in a run's YAML: {fields}) or install a plugin for {model_type!r}"
         )
     if record is not None:
         check_splits(registry, record, ParallelContext(family=record.family, model_type=model_type, model_config=model_config, dp=dims.dp, **wanted))

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from halo_core.trainers import yaml_loader
 from halo_core.errors import ConfigError, HaloError
+from halo_core.parallel.plan import RUN_FIELDS, plan_layout
+from halo_core.trainers import yaml_loader
 from halo_core.trainers.arguments import DatasetSource, HaloArguments
 from halo_core.trainers.typecheck import coerce, describe, matches
 
@@ -154,7 +155,6 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     The layout's own rules are ``plan_layout``'s; only the run-level ones (what the method can feed,
     compile and memory budgets, kernels) live here.
     """
-    from halo_core.parallel.plan import plan_layout
     from halo_core.registry import discover
     from halo_core.trainers.method import get_method
 
@@ -186,7 +186,6 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
 
 
 _LAYOUT_FIELDS = "expert_parallel_size / expert_tensor_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / ep_dispatcher / fsdp_unit_layers"
-_RUN_FIELD = {"ep": "expert_parallel_size", "etp": "expert_tensor_parallel_size", "tp": "tensor_parallel_size", "cp": "context_parallel_size"}
 _DEGREE = re.compile(r"\b(ep|etp|tp|cp)\b(?==| among)")
 
 
@@ -195,7 +194,7 @@ def _in_run_fields(message: str) -> str:
     speaks of products (``ep*etp``) gets the list of fields that set them."""
     if "_size" in message or "parallel size" in message:  # already says which field
         return message
-    named = _DEGREE.sub(lambda m: _RUN_FIELD[m[1]], message)
+    named = _DEGREE.sub(lambda m: RUN_FIELDS[m[1]], message)
     return named if named != message else f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
 
 
