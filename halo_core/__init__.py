@@ -17,6 +17,7 @@ __version__ = "0.1.0"
 
 _ENGINE = {
     "ParallelConfig": "halo_core.parallel.config",
+    "plan_layout": "halo_core.parallel.plan",
     "parallelize": "halo_core.parallel.parallelize",
     "sync_gradients": "halo_core.parallel.grads",
     "clip_grad_norm_": "halo_core.parallel.grads",

@@ -148,3 +148,10 @@ def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugi
         capture_output=True, text=True, cwd=project,
     )
     assert tests.returncode == 0 and "1 passed" in tests.stdout, tests.stdout + tests.stderr
+
+
+def test_the_cli_imports_no_torch_until_a_command_needs_it():
+    """`halo --help` and `halo families list` stay quick: the launcher's modules import torch only inside their checks."""
+    probe = "import sys, halo_cli.main; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "[]", result.stdout + result.stderr

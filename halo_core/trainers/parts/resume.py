@@ -10,10 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers.trainer_utils import get_last_checkpoint
-
 from halo_core.errors import ConfigError
-from halo_core.trainers.parts import checkpoint
 
 FIELD = "resume_from_checkpoint"
 #: What a checkpoint folder must hold for Halo to resume from it (the weights as load_into reads them).
@@ -23,6 +20,10 @@ STATE = "trainer_state.json"
 
 def check_resume(run) -> None:
     """Refuse a ``resume_from_checkpoint`` that cannot be resumed from; replace ``true`` by the folder it means."""
+    # Imported here: the CLI imports this module for every command, and these bring in torch.
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from halo_core.trainers.parts import checkpoint
     value = run.trainer.get(FIELD)
     if value is None or value is False:
         run.trainer.pop(FIELD, None)
