@@ -169,3 +169,17 @@ def test_etp_slices_grouped_mm_cannot_take_are_refused_before_start():
         check_layout(load([*wide, "--bf16=true"]), 16)
     check_layout(load([*wide, "--bf16=false"]), 16)
     check_layout(load([*wide, "--bf16=true", "--experts_implementation=eager"]), 16)
+
+
+@pytest.mark.parametrize(
+    "engine, launcher",
+    [
+        ("block has 8 experts, which ep=3 does not divide; choose ep among [1, 2]", "block has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1, 2]"),
+        ("ep*etp = 3*1 = 3 does not divide the data-parallel size 2; choose ep*etp among [1, 2]", "ep*etp = 3*1 = 3 does not divide the data-parallel size 2; choose ep*etp among [1, 2] (set in expert_parallel_size"),
+        ("num_key_value_heads=2 is not divisible by context parallel size cp=4", "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
+    ],
+)
+def test_layout_messages_speak_the_runs_field_names(engine, launcher):
+    from halo_core.trainers.run_config import _in_run_fields
+
+    assert _in_run_fields(engine).startswith(launcher)

@@ -186,13 +186,13 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
 
 
 _LAYOUT_FIELDS = "expert_parallel_size / expert_tensor_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / ep_dispatcher / fsdp_unit_layers"
-_DEGREE = re.compile(r"\b(ep|etp|tp|cp)\b(?==| among)")
+_DEGREE = re.compile(r"(?<![*\w])(ep|etp|tp|cp)(?==\d| among)")  # "ep=3", "choose ep among"; not "ep*etp"
 
 
 def _in_run_fields(message: str) -> str:
     """A layout rule's message in the run's own field names (``ep=3`` -> ``expert_parallel_size=3``); a rule that
     speaks of products (``ep*etp``) gets the list of fields that set them."""
-    if "_size" in message or "parallel size" in message:  # already says which field
+    if any(field in message for field in RUN_FIELDS.values()) or "context parallel size" in message:  # already says which field
         return message
     named = _DEGREE.sub(lambda m: RUN_FIELDS[m[1]], message)
     return named if named != message else f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
