@@ -107,7 +107,8 @@ def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
         folder.mkdir(parents=True, exist_ok=True)
     for key in sorted(tensors):
         # A 0-dim entry (torch's per-parameter step) is the same on every rank: kept as is, not joined.
-        full = gather_full(model, [(n, v) for n, v in tensors[key] if v.dim() > 0])
+        # Joined on the CPU, one state key at a time: rank 0 never holds a whole optimizer state on the GPU.
+        full = gather_full(model, [(n, v) for n, v in tensors[key] if v.dim() > 0], device="cpu")
         if first:
             full.update({n: v.detach().clone() for n, v in tensors[key] if v.dim() == 0})
             save_file({n: v.cpu().contiguous() for n, v in full.items()}, folder / f"{key}.safetensors")

@@ -20,11 +20,12 @@ def _all_gather(tensor: torch.Tensor, size: int, group) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """Each tensor, sharded like the parameter of its name, joined whole on rank 0 (other ranks: an empty dict).
 
     Weights, gradients and per-parameter optimizer state share this join, so all three are
     stored under the same names and shapes. Every rank must pass the same names in the same order.
+    ``device``: where rank 0 keeps the joined tensors (``"cpu"`` keeps a whole state off the GPU).
     """
     layout = layout_of(model)
     rank = dist.get_rank() if layout.is_distributed else 0
@@ -39,7 +40,7 @@ def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]]) -> 
             if layout.dims.ep > 1:
                 tensor = torch.cat(_all_gather(tensor, layout.dims.ep, layout.group("ep")), dim=0)
         if rank == 0:
-            full[name] = tensor.detach().clone()
+            full[name] = tensor.detach().to(device or tensor.device, copy=True)
     return full
 
 
