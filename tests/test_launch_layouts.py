@@ -23,7 +23,7 @@ COMMON = [f"--max_steps={STEPS}", "--lr_scheduler_type=constant", "--warmup_step
           f"--save_steps={STEPS}", "--router_aux_loss_coef=0.0", "--seed=5", "--max_grad_norm=1.0", "--bf16=false", "--report_to=none"]
 OPTIMIZERS = {"sgd": ["--optim=sgd", "--learning_rate=0.5"], "adamw": ["--optim=adamw_torch", "--learning_rate=3e-3"]}
 
-#: (processes, overrides): each split alone on two ranks, and pairs of splits on four.
+#: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {
     "ep2": (2, ["--expert_parallel_size=2"]),
     "tp2": (2, ["--tensor_parallel_size=2"]),
@@ -34,9 +34,11 @@ LAYOUTS = {
     "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"]),
     "cp2-tp2-ring": (4, ["--context_parallel_size=2", "--tensor_parallel_size=2", "--context_parallel_attention=ring"]),
     "ep2-etp2-replicated": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2", "--shard_parameters=false"]),
+    "etp2-tp2": (4, ["--expert_tensor_parallel_size=2", "--tensor_parallel_size=2"]),
+    "etp2-cp2": (4, ["--expert_tensor_parallel_size=2", "--context_parallel_size=2"]),
 }
 #: Under AdamW weights are not held tight (Adam turns rounding into update-sized steps), losses are.
-ADAMW_LAYOUTS = ["tp2", "cp2", "ep2-tp2"]
+ADAMW_LAYOUTS = ["tp2", "ep2-cp2"]
 
 
 @pytest.fixture(scope="module")
