@@ -18,7 +18,7 @@ Calling order, on every rank, when the core lays a model out (``halo_core.adapt`
 4. ``shard_tp`` -- once, on the whole model, after the wrappers are in place.
 5. FSDP2 over the data-parallel ranks (core, not a hook).
 
-The hooks in 2-4 are ``firstresult``: the first implementation that returns
+The hooks in 1-4 are ``firstresult``: the first implementation that returns
 something other than ``None`` wins, so returning ``None`` hands the case to the
 core's default.
 """

@@ -33,6 +33,7 @@ LAYOUTS = {
     "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"]),
     "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"]),
     "cp2-tp2-ring": (4, ["--context_parallel_size=2", "--tensor_parallel_size=2", "--context_parallel_attention=ring"]),
+    "ep2-etp2": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2"]),
     "ep2-etp2-replicated": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2", "--shard_parameters=false"]),
     "etp2-tp2": (4, ["--expert_tensor_parallel_size=2", "--tensor_parallel_size=2"]),
     "etp2-cp2": (4, ["--expert_tensor_parallel_size=2", "--context_parallel_size=2"]),

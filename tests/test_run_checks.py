@@ -7,7 +7,7 @@ import pytest
 from huggingface_hub import constants
 
 from conftest import run_halo
-from halo_core.errors import ConfigError
+from halo_core.errors import ConfigError, LayoutError
 from halo_core.parallel.config import ParallelConfig, ParallelDims
 from halo_core.parallel.plan import LayoutPlan
 from halo_core.trainers.run_checks import check_model_source, check_run
@@ -127,7 +127,7 @@ def test_ep_that_does_not_divide_the_experts_names_the_degrees_that_do():
     with pytest.raises(ConfigError, match=re.escape("the model has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1, 2]")):
         check_layout(load(["--expert_parallel_size=3"]), 6)
     dims = ParallelDims(world=8, dp=8, ep=3, etp=2)  # ep * etp must fit dp = 8
-    with pytest.raises(Exception, match=re.escape("has 8 experts, which ep=3 does not divide; choose ep among [1, 2, 4]")):
+    with pytest.raises(LayoutError, match=re.escape("has 8 experts, which ep=3 does not divide; choose ep among [1, 2, 4]")):
         LayoutPlan(ParallelConfig(ep=3, etp=2), dims, "qwen3_moe").check_experts("block", 8)
 
 

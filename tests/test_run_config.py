@@ -167,6 +167,8 @@ def test_etp_slices_grouped_mm_cannot_take_are_refused_before_start():
     wide = ["--expert_parallel_size=1", "--expert_tensor_parallel_size=16"]
     with pytest.raises(ConfigError, match=re.escape("leaves slices of 4 columns (8 bytes at 2 bytes an element), but grouped_mm needs rows of a multiple of 16 bytes; choose etp among [1, 2, 4, 8]")):
         check_layout(load([*wide, "--bf16=true"]), 16)
+    with pytest.raises(ConfigError, match="at 2 bytes an element"):  # unset: TRL resolves bf16 to true
+        check_layout(load([*wide, "--bf16=null"]), 16)
     check_layout(load([*wide, "--bf16=false"]), 16)
     check_layout(load([*wide, "--bf16=true", "--experts_implementation=eager"]), 16)
 
@@ -176,7 +178,8 @@ def test_etp_slices_grouped_mm_cannot_take_are_refused_before_start():
     [
         ("block has 8 experts, which ep=3 does not divide; choose ep among [1, 2]", "block has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1, 2]"),
         ("ep*etp = 3*1 = 3 does not divide the data-parallel size 2; choose ep*etp among [1, 2]", "ep*etp = 3*1 = 3 does not divide the data-parallel size 2; choose ep*etp among [1, 2] (set in expert_parallel_size"),
-        ("num_key_value_heads=2 is not divisible by context parallel size cp=4", "num_key_value_heads=2 is not divisible by context parallel size cp=4"),
+        ("num_key_value_heads=2 is not divisible by context parallel size cp=4 (context_parallel_size)", "num_key_value_heads=2 is not divisible by context parallel size cp=4 (context_parallel_size)"),
+        ("ParallelConfig.cp_attention='spiral' is unknown", "ParallelConfig.cp_attention='spiral' is unknown"),
     ],
 )
 def test_layout_messages_speak_the_runs_field_names(engine, launcher):

@@ -186,7 +186,7 @@ def check_heads(config, cp: int) -> None:
     for field in ("num_attention_heads", "num_key_value_heads"):
         heads = getattr(text, field, None)
         if heads and heads % cp:
-            raise LayoutError(f"{field}={heads} is not divisible by context parallel size cp={cp}; Ulysses attention scatters heads over the CP ranks, so choose cp among the divisors of both head counts")
+            raise LayoutError(f"{field}={heads} is not divisible by context parallel size cp={cp} (context_parallel_size); Ulysses attention scatters heads over the CP ranks, so choose cp among the divisors of both head counts")
 
 
 def context_parallel_inputs(

@@ -25,8 +25,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from halo_core.parallel.config import ParallelDims
-from halo_core.parallel.expert_parallel import expert_parameters
-from halo_core.parallel.layout_state import shard_of
 from halo_core.parallel.mesh import DATA_DIMS
 
 
@@ -53,11 +51,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
 
 
-def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module], unit_layers: int = 1) -> None:
+def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module], unit_layers: int = 1,
+               expert_params: frozenset[str] = frozenset()) -> None:
+    """``expert_params``: the names of the parameters EP shards (the layout's ``expert_params``)."""
     replicas = expert_replica_mesh(mesh)
     ignored = set()
     if replicas.size() == 1:  # each rank holds its experts alone: nothing to shard
-        ignored = {getattr(e, n) for e in expert_modules for n in expert_parameters(e, shard_of(e).count)}
+        ignored = {model.get_parameter(name) for name in expert_params}
     else:
         for experts in expert_modules:
             fully_shard(experts, mesh=replicas)
@@ -106,7 +106,7 @@ def _shard_head(backbone: nn.Module, head: nn.Module, dp_mesh: DeviceMesh) -> No
     # a view by construction (autograd hands back the input of FSDP's post-backward Function as one); the
     # model's head and TRL's fused loss read it out of place, and this unit stays gathered through backward
     # (reshard_after_forward=False) so it needs no gathering there. The launcher tests hold the resulting
-    # weights to one process's. Only this unit's warning is filtered; any other unit's still shows.
+    # weights to one process's. Only warnings naming the head's class are filtered; any other unit's still shows.
     warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \({re.escape(type(head).__name__)}\) returned a view tensor", category=UserWarning)
     head.halo_gather = types.MethodType(_pass_through, head)
     register_fsdp_forward_method(head, "halo_gather")

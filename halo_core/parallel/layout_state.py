@@ -1,7 +1,7 @@
 """The layout ``parallelize`` gives a model, and the shards its modules hold, kept by the layout.
 
-Nothing is stored on the modules themselves. FSDP, gradients, state dicts and loading ask
-the ``ModelLayout`` (``layout_of(model)``), which names each sharded module. Forwards reach
+Nothing is stored on the modules themselves. FSDP, gradients, state dicts and loading go by
+the names the ``ModelLayout`` (``layout_of(model)``) gives each sharded module. Forwards reach
 their own module's shard with ``shard_of(module)``: transformers' experts and attention
 interfaces hand the implementation only the module. That table is keyed by the module's
 identity (a plain dict, which ``torch.compile`` traces as it traced an attribute) and each

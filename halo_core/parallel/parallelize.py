@@ -21,7 +21,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import apply_fsdp
 from halo_core.parallel.layout_state import ModelLayout, attach, shard_of
 from halo_core.parallel.mesh import build_mesh
-from halo_core.parallel.plan import plan_layout
+from halo_core.parallel.plan import plan_layout, uses_grouped_mm
 from halo_core.registry import Registry, discover
 
 
@@ -32,10 +32,6 @@ def _device_type(model: nn.Module, device_type: str | None) -> str:
             raise ValueError("the model's parameters are on the meta device: pass device_type ('cuda' or 'cpu') for the mesh")
         return device_type
     return found
-
-
-def _uses_grouped_mm(experts: nn.Module) -> bool:
-    return (getattr(experts.config, "_experts_implementation", None) or "grouped_mm") == "grouped_mm"
 
 
 def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | None = None, *, device_type: str | None = None) -> nn.Module:
@@ -55,7 +51,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
         where = f"{name}.{record.family.experts}"
         plan.check_experts(name, expert_parallel.count_experts(experts))
         if dims.etp > 1:
-            grouped = _uses_grouped_mm(experts)
+            grouped = uses_grouped_mm(getattr(experts.config, "_experts_implementation", None))
             for param, width in expert_tensor_parallel.intermediate_widths(experts).items():
                 plan.check_expert_width(f"{where}.{param}", width, getattr(experts, param).element_size(), grouped)
     if dims.tp > 1 and "shard_tp" not in registry.overridden_hooks(record):  # the core's TP needs a plan it can apply
@@ -91,6 +87,6 @@ def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules
     tp_partial = tensor_parallel.partial_gradient_parameters(model, family) if dims.tp > 1 else frozenset()
     use_fsdp = config.fsdp and mesh is not None
     if use_fsdp:
-        apply_fsdp(model, dims, mesh, [m for _, m in expert_modules], config.fsdp_unit_layers)
+        apply_fsdp(model, dims, mesh, [m for _, m in expert_modules], config.fsdp_unit_layers, expert_params)
     attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial, experts=experts, attention=attention))
     return model

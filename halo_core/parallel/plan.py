@@ -8,6 +8,7 @@ then checks only what needs the real modules, through the same rule methods of t
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +34,6 @@ class LayoutPlan:
     record: Any = None
     #: The token dispatcher class when ``ep > 1``.
     dispatcher_class: Any = None
-
-    @property
-    def family(self):
-        return self.record.family if self.record is not None else None
 
     @property
     def splits(self) -> dict[str, int]:
@@ -67,6 +64,11 @@ class LayoutPlan:
                 f"({width // etp * itemsize} bytes at {itemsize} bytes an element), but grouped_mm needs rows of a multiple of "
                 f"{GROUPED_MM_ALIGNMENT} bytes; choose etp among {valid}, or experts_implementation: eager"
             )
+
+
+def uses_grouped_mm(experts_implementation: str | None) -> bool:
+    """Whether experts run ``grouped_mm`` (transformers' default where none is named)."""
+    return (experts_implementation or "grouped_mm") == "grouped_mm"
 
 
 def first_field(model_config, fields: tuple[str, ...]) -> int | None:
@@ -110,7 +112,7 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     if record is not None:
         check_splits(registry, record, ParallelContext(family=record.family, model_type=model_type, model_config=model_config, dp=dims.dp, **wanted))
     if dims.ep > 1:
-        plan = LayoutPlan(config, dims, model_type, record, get_dispatcher(config.ep_dispatcher))
+        plan = dataclasses.replace(plan, dispatcher_class=get_dispatcher(config.ep_dispatcher))
     if model_config is not None:
         check_head_split(model_config, dims.tp, dims.cp, config.cp_attention)
     if model_config is not None and experts_from_config:
@@ -119,6 +121,6 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
             plan.check_experts("the model", experts)
         width = first_field(model_config, EXPERT_WIDTH_FIELDS)
         if width:
-            grouped = (experts_implementation or getattr(model_config, "_experts_implementation", None) or "grouped_mm") == "grouped_mm"
-            plan.check_expert_width("the experts", width, itemsize, grouped)
+            implementation = experts_implementation or getattr(model_config, "_experts_implementation", None)
+            plan.check_expert_width("the experts", width, itemsize, uses_grouped_mm(implementation))
     return plan

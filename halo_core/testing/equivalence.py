@@ -25,7 +25,9 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from halo_core.hf_config import text_config
 from halo_core.layout import find_moe_blocks
+from halo_core.parallel import dtensor
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.expert_parallel import count_experts
 from halo_core.registry import discover
@@ -73,7 +75,7 @@ def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = T
     if top_k_key(model_type):
         kit[top_k_key(model_type)] = KIT_TOP_K
     if head_split > 1:
-        text = tiny_config(model_type, dict(family.tiny_config)).get_text_config()
+        text = text_config(tiny_config(model_type, dict(family.tiny_config)))
         if getattr(text, "num_key_value_heads", None) and text.num_key_value_heads % head_split:
             kit["num_key_value_heads"] = text.num_attention_heads
     model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed).train()  # the family's needs win
@@ -182,8 +184,7 @@ def _check_replicas(model, where: str) -> None:
         dims = tuple(d for d in dims if mesh[d].size() > 1)
         if not dims:
             continue
-        local = params[name].detach()
-        local = local.to_local() if hasattr(local, "to_local") else local
+        local = dtensor.local(params[name].detach())
         group = flat_group(mesh, dims)
         copies = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
         dist.all_gather(copies, local.contiguous(), group=group)

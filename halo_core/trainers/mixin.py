@@ -22,7 +22,7 @@ from halo_core.trainers.parts.optimizer import build_adamw_bf16, clip_gradients,
 from halo_core.trainers.parts.throughput import ThroughputMeter
 
 
-def _sharing(model) -> int:
+def sharing(model) -> int:
     """How many ranks hold parts of (CP) or all of (TP) the same samples."""
     dims = layout_of(model).dims
     return dims.cp * dims.tp
@@ -64,7 +64,7 @@ class DistributedTrainerMixin:
     # -- context and tensor parallelism ------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        sharing = _sharing(self.model)
+        sharing = sharing(self.model)
         if sharing == 1:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         pad = getattr(self.processing_class, "pad_token_id", None) or 0

@@ -164,7 +164,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
         _check_experts_implementation(run)
     _check_activation_memory_budget(run)
     model_config = _model_config(run)
-    itemsize = 4 if run.trainer.get("bf16") is False else 2  # TRL's configs default to bf16
+    itemsize = 2 if _trains_in_bf16(run) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
                            experts_implementation=run.halo.experts_implementation)
@@ -190,12 +190,21 @@ _DEGREE = re.compile(r"(?<![*\w])(ep|etp|tp|cp)(?==\d| among)")  # "ep=3", "choo
 
 
 def _in_run_fields(message: str) -> str:
-    """A layout rule's message in the run's own field names (``ep=3`` -> ``expert_parallel_size=3``); a rule that
-    speaks of products (``ep*etp``) gets the list of fields that set them."""
-    if any(field in message for field in RUN_FIELDS.values()) or "context parallel size" in message:  # already says which field
+    """A layout rule's message in the run's own field names (``ep=3`` -> ``expert_parallel_size=3``); a rule on
+    products of degrees (``ep*etp``, ``cp*tp``) gets the list of fields that set them."""
+    if any(field in message for field in RUN_FIELDS.values()):  # already says which field
         return message
-    named = _DEGREE.sub(lambda m: RUN_FIELDS[m[1]], message)
-    return named if named != message else f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
+    if "cp*tp" in message or "ep*etp" in message:
+        return f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
+    return _DEGREE.sub(lambda m: RUN_FIELDS[m[1]], message)
+
+
+def _trains_in_bf16(run: RunConfig) -> bool:
+    """Whether the worker builds bf16 weights (``runtime.build_model``): the method config's ``bf16`` as it resolves it
+    (TRL's default is bf16 unless ``fp16``)."""
+    from halo_core.trainers.run_checks import method_config
+
+    return bool(method_config(run).bf16)
 
 
 def _check_experts_implementation(run: RunConfig) -> None:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from halo_core.parallel.layout_state import layout_of
 
 from halo_core.trainers.method import Method
-from halo_core.trainers.mixin import DistributedTrainerMixin
+from halo_core.trainers.mixin import DistributedTrainerMixin, sharing
 from halo_core.trainers.run_config import RunConfig
 
 
@@ -18,7 +17,7 @@ class HaloSFTTrainer(DistributedTrainerMixin, SFTTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         counted = self._total_train_tokens
         result = super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        if model.training and layout_of(self.model).dims.cp * layout_of(self.model).dims.tp > 1:
+        if model.training and sharing(self.model) > 1:
             # TRL counted the pooled, re-padded inputs the CP x TP group computed on; count this rank's own batch instead.
             own = inputs["attention_mask"].sum() if "attention_mask" in inputs else torch.tensor(inputs["position_ids"].size(1))
             self._total_train_tokens = counted + self.accelerator.gather_for_metrics(own.to(self.args.device)).sum().item()

@@ -3,9 +3,9 @@
 - Model: ``full_state_dict`` (every rank joins) and ``save_pretrained`` on rank 0 into a
   staging folder, then moved into place; ``config.json`` moves last, so a loader never
   finds a model folder whose weights are half written.
-- ``checkpoint-N``: the whole folder (model, optimizer shards, scheduler, RNG, trainer
-  state) is written as ``tmp-checkpoint-N`` and renamed when complete. Neither
-  transformers' ``get_last_checkpoint`` nor checkpoint rotation matches that name.
+- ``checkpoint-N``: the whole folder (model, optimizer state, scheduler, RNG, trainer
+  state) is written as ``.tmp-checkpoints/checkpoint-N`` in the run folder and renamed when
+  complete. Neither transformers' ``get_last_checkpoint`` nor checkpoint rotation looks there.
 - Optimizer: ``optimizer/``, each state tensor whole under its parameter's name
   (``halo_core.parallel.optimizer_state``), so a run resumes on another layout.
 - Resuming reads nothing that can run code: tensors through safetensors, the rest as JSON
@@ -126,7 +126,7 @@ def load_scheduler(scheduler, folder: str | Path, groups: list[int] | None = Non
 
 
 def staged_checkpoint_root(run_dir: str) -> str:
-    """Where ``checkpoint-N`` is assembled before its rename: a sibling folder ``tmp-checkpoint-N`` lives in it."""
+    """Where ``checkpoint-N`` is assembled before its rename (a hidden folder of the run folder)."""
     return os.path.join(run_dir, f".{STAGING_PREFIX}checkpoints")
 
 
