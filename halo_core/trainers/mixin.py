@@ -64,8 +64,8 @@ class DistributedTrainerMixin:
     # -- context and tensor parallelism ------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        sharing = sharing(self.model)
-        if sharing == 1:
+        shared_by = sharing(self.model)
+        if shared_by == 1:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         pad = getattr(self.processing_class, "pad_token_id", None) or 0
         split = split_for_shared_sample(inputs, layout_of(self.model), pad)
@@ -73,8 +73,8 @@ class DistributedTrainerMixin:
         # The trainer scaled the loss by the world size for gradients averaged over every rank; Halo averages over
         # data-parallel ranks only (sync_gradients), and the cp x tp ranks of a pool share its samples: undo that factor.
         if return_outputs:
-            return result[0] / sharing, result[1]
-        return result / sharing
+            return result[0] / shared_by, result[1]
+        return result / shared_by
 
     def _clip_grad_norm(self, model):
         owed, self._halo_owed = self._halo_owed, 1.0
