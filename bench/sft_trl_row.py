@@ -108,7 +108,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
     sft_args = SFTConfig(**{**fields, "logging_steps": 1 if args.losses else 1000})  # logging costs TRL time: only when asked
     if spec["halo"]:
         from halo_core import ParallelConfig
-        from halo_core.trainers.sft import HaloSFTTrainer
+        from halo_core.methods.sft import HaloSFTTrainer
 
         trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
                                  callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"], fsdp_unit_layers=spec["unit_layers"] or 1, fsdp=not spec["replicated"]), compile_layers=spec["compile"],

@@ -19,6 +19,11 @@ class Method:
     run: Callable
     #: Splits the method's trainer can feed (context parallelism needs sequences split per rank).
     splits: frozenset[str] = frozenset({"ep"})
+    #: Columns every training row needs (after a source's ``columns`` renames); ``"a|b"`` accepts either.
+    columns: tuple[str, ...] = ()
+    #: Refusals of the method's own, before any process starts: ``check(run, args)`` raises ``ConfigError``
+    #: (``args``: the method's config dataclass as the worker will build it).
+    check: Callable | None = None
 
 
 def known_methods() -> list[str]:

@@ -18,6 +18,7 @@ from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
 from halo_core.trainers.parts.layout import lay_out
+from halo_core.trainers.parts.pool import pool_rows, split_fused_head_over_cp
 from halo_core.trainers.parts.optimizer import build_adamw_bf16, clip_gradients, wants_adamw_bf16
 from halo_core.trainers.parts.throughput import ThroughputMeter
 
@@ -29,6 +30,13 @@ def sharing(model) -> int:
 
 
 class DistributedTrainerMixin:
+    #: Whether the trainer's loss is a function of whole sequences (preference, reward, classification):
+    #: a CP x TP group then pools its rows and every rank computes the pool's whole loss (``parts.pool``),
+    #: instead of SFT's per-token parts that add up over the group.
+    halo_sequence_loss: bool = False
+    #: With ``halo_sequence_loss``: blocks of examples the collator stacks along rows (chosen, then rejected: 2).
+    halo_row_groups: int = 1
+
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
                  activation_memory_budget: float | None = None, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
@@ -41,6 +49,18 @@ class DistributedTrainerMixin:
         self._halo_staging = False
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
+        if self.halo_sequence_loss:
+            for model in (self.model, getattr(self, "ref_model", None)):
+                if model is not None and hasattr(model, "get_output_embeddings"):
+                    split_fused_head_over_cp(model, self._halo_pad_token_id())
+
+    def _halo_pad_token_id(self) -> int:
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        return getattr(tokenizer, "pad_token_id", None) or 0
+
+    def halo_pool(self, inputs: dict) -> tuple[dict, "torch.Tensor"]:
+        """The CP x TP group's rows joined (``halo_sequence_loss``), and this rank's rows in them."""
+        return pool_rows(inputs, layout_of(self.model), self._halo_pad_token_id(), self.halo_row_groups)
 
     # -- optimizer -------------------------------------------------------------------------
 
@@ -59,7 +79,8 @@ class DistributedTrainerMixin:
             self._halo_owed = sync_gradients(self.model, divide=not self.args.max_grad_norm > 0)
         # Logged as the mean over ranks. compute_loss divided each rank's loss by cp x tp: for a TP rank the
         # quotient is its share of its pool's loss, as at tp=1; a CP rank holds only its chunk's part, so cp times it.
-        return loss * layout_of(self.model).dims.cp
+        # A sequence-level loss is the pool's whole loss on every rank of the pool already.
+        return loss if self.halo_sequence_loss else loss * layout_of(self.model).dims.cp
 
     # -- context and tensor parallelism ------------------------------------------------------------
 
@@ -67,14 +88,25 @@ class DistributedTrainerMixin:
         shared_by = sharing(self.model)
         if shared_by == 1:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        pad = getattr(self.processing_class, "pad_token_id", None) or 0
-        split = split_for_shared_sample(inputs, layout_of(self.model), pad)
+        if self.halo_sequence_loss:
+            counted = getattr(self, "_total_train_tokens", None)
+            pooled, _ = self.halo_pool(inputs)
+            result = super().compute_loss(model, pooled, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+            if counted is not None and model.training and "attention_mask" in inputs:
+                self._halo_count_own_tokens(counted, inputs["attention_mask"].sum())
+            return result
+        split = split_for_shared_sample(inputs, layout_of(self.model), self._halo_pad_token_id())
         result = super().compute_loss(model, split, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         # The trainer scaled the loss by the world size for gradients averaged over every rank; Halo averages over
         # data-parallel ranks only (sync_gradients), and the cp x tp ranks of a pool share its samples: undo that factor.
         if return_outputs:
             return result[0] / shared_by, result[1]
         return result / shared_by
+
+    def _halo_count_own_tokens(self, counted: int, own: "torch.Tensor") -> None:
+        """TRL counted the pooled rows every rank of the CP x TP group computed on; count each rank's own batch."""
+        self._total_train_tokens = counted + self.accelerator.gather_for_metrics(own.to(self.args.device)).sum().item()
+        self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
 
     def _clip_grad_norm(self, model):
         owed, self._halo_owed = self._halo_owed, 1.0

@@ -50,14 +50,21 @@ RANGES = tuple(Range(*rule) for rule in (
     ("data_seed", lambda v: v is None or 0 <= v < 2**32, _SEED_RANGE),
     ("max_length", lambda v: v is None or v >= 1, "at least 1 token, or empty for no truncation"),
     ("dataset_num_proc", lambda v: v is None or v >= 1, "at least 1, or empty for one process"),
+    ("beta", lambda v: v is None or v > 0, "above 0 (the preference loss's inverse temperature), e.g. 0.1"),
 ))
 
 
 def check_run(run: RunConfig) -> None:
     """Refuse what every rank would fail on; ``check_layout`` then checks the parallel layout."""
+    from halo_core.trainers.method import get_method
+
     check_model_source(run)
     args = method_config(run)
     check_ranges(run, args)
+    method = get_method(run.method)
+    check_columns(run, method.columns)
+    if method.check is not None:
+        method.check(run, args)
 
 
 def check_model_source(run: RunConfig) -> None:
@@ -118,6 +125,23 @@ def check_ranges(run: RunConfig, args) -> None:
         if hasattr(args, rule.field) and rule.applies(args) and not rule.accepted(getattr(args, rule.field)):
             value = getattr(args, rule.field)
             raise ConfigError(f"{run.source}: {rule.field}={value!r} must be {rule.must_be}; set it in the YAML or with -- --{rule.field}=VALUE")
+
+
+def check_columns(run: RunConfig, needed: tuple[str, ...]) -> None:
+    """Each local dataset source has the columns the method reads (hub datasets are checked when loaded)."""
+    from halo_core.trainers.parts.data import local_columns
+
+    for source in run.halo.dataset:
+        columns = local_columns(source)
+        if columns is None:
+            continue
+        missing = [need for need in needed if not any(name in columns for name in need.split("|"))]
+        if missing:
+            wanted = ", ".join(" or ".join(repr(name) for name in need.split("|")) for need in missing)
+            raise ConfigError(
+                f"{run.source}: dataset {source.path!r} lacks {wanted}, which method {run.method!r} needs (it has {sorted(columns)}); "
+                f"rename one with the source's columns: {{old: new}}, or pick the method that fits the data"
+            )
 
 
 def _build(config_class: type, fields: dict):

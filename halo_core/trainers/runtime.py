@@ -54,3 +54,42 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig):
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
     return model
+
+
+def build_reference(halo: HaloArguments, args, parallel: ParallelConfig):
+    """The frozen reference policy of DPO/KTO: a second copy built as the policy is (same weights, same
+    shards), in eval mode, with no gradients and so no optimizer state. Memory: one more copy of the
+    weights per rank, laid out like the policy's (no gradients, no Adam moments)."""
+    reference = build_model(halo, args, parallel)
+    reference.requires_grad_(False)
+    return reference.eval()
+
+
+def train(run, trainer_class, config_class, *, reference=None, **trainer_kwargs) -> None:
+    """The road every method's worker takes: the method's config, the model (and a reference policy
+    where the method keeps one), the trainer over the run's data, ``train`` (resuming where asked), the result.
+
+    ``reference(args)``: whether the method keeps a frozen reference policy under these arguments.
+    """
+    from halo_core.trainers.parts.data import load_sources
+    from halo_core.trainers.parts.layout import lay_out
+
+    init_distributed()
+    args = method_args(config_class, run.trainer)
+    parallel = run.halo.parallel_config()
+    model = build_model(run.halo, args, parallel)
+    if reference is not None and reference(args):
+        trainer_kwargs["ref_model"] = lay_out(build_reference(run.halo, args, parallel), parallel)
+    trainer = trainer_class(
+        model=model,
+        args=args,
+        train_dataset=load_sources(run.halo.dataset),
+        processing_class=build_tokenizer(run.halo),
+        parallel_config=parallel,
+        adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
+        compile_layers=run.halo.compile_layers,
+        activation_memory_budget=run.halo.activation_memory_budget,
+        **trainer_kwargs,
+    )
+    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    trainer.save_model()

@@ -3,7 +3,11 @@
     python templates/tiny/generate.py      # rewrites templates/tiny/{data,model}; deterministic
 
 The task (add or subtract two numbers below 100) is one a tiny model visibly learns
-within a few hundred steps on a CPU, so the first run shows a falling loss.
+within a few hundred steps on a CPU, so the first run shows a falling loss. The
+preference, KTO and classification sets pose the same sums with a right answer (chosen,
+desirable, label 1) and a hedged one off by 1 to 9 (rejected, undesirable, label 0), in
+TRL's formats; the hedge is a signal a tiny random-init model finds within a minute (the
+arithmetic alone it does not), so every method's metric visibly moves.
 """
 
 from __future__ import annotations
@@ -56,6 +60,53 @@ def examples(seed: int = 0) -> list[dict]:
     return rows
 
 
+def _sum(rng: random.Random) -> tuple[str, str, str]:
+    """A question, its right answer and a wrong one, as the chat strings the data holds."""
+    a, b = rng.randrange(100), rng.randrange(100)
+    op = rng.choice("+-")
+    answer = a + b if op == "+" else a - b
+    wrong = answer + rng.choice([-1, 1]) * rng.randrange(1, 10)
+    return f"What is {a} {op} {b}?", f"{a} {op} {b} = {answer}", f"{a} {op} {b} = {wrong}, I think"
+
+
+def preferences(seed: int = 1, count: int = 2000) -> list[dict]:
+    """TRL's conversational preference format: prompt, chosen, rejected (DPO, SMPO, reward)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        question, right, wrong = _sum(rng)
+        rows.append({"prompt": [{"role": "user", "content": question}], "chosen": [{"role": "assistant", "content": right}],
+                     "rejected": [{"role": "assistant", "content": wrong}]})
+    return rows
+
+
+def unpaired(seed: int = 2, count: int = 2000) -> list[dict]:
+    """TRL's unpaired preference format: prompt, completion, label (KTO); half the answers right."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        question, right, wrong = _sum(rng)
+        good = rng.random() < 0.5
+        rows.append({"prompt": [{"role": "user", "content": question}], "completion": [{"role": "assistant", "content": right if good else wrong}],
+                     "label": good})
+    return rows
+
+
+def labelled(seed: int = 3, count: int = 2000) -> list[dict]:
+    """Sequence classification rows: text, label (1 = the sum is right)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        _, right, wrong = _sum(rng)
+        good = rng.random() < 0.5
+        rows.append({"text": right if good else wrong, "label": int(good)})
+    return rows
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def main() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, PreTrainedTokenizerFast
@@ -63,7 +114,10 @@ def main() -> None:
     rows = examples()
     data = HERE / "data"
     data.mkdir(exist_ok=True)
-    (data / "arithmetic.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _write(data / "arithmetic.jsonl", rows)
+    _write(data / "preference.jsonl", preferences())
+    _write(data / "unpaired.jsonl", unpaired())
+    _write(data / "labelled.jsonl", labelled())
 
     texts = [m["content"] for r in rows for m in r["prompt"] + r["completion"]]
     tokenizer = Tokenizer(models.BPE())

@@ -1,0 +1,93 @@
+"""What the launcher equivalence tests share: data whose rows differ in length (every batch is padded,
+every CP x TP pool re-padded), `halo launch METHOD` in a subprocess, and what a run leaves behind.
+
+float32 throughout (``--bf16=false``): TRL's default on a machine with bf16 would train in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "templates" / "tiny" / "model"
+STEPS = 3
+GLOBAL_BATCH = 4
+COMMON = [f"--max_steps={STEPS}", "--lr_scheduler_type=constant", "--warmup_steps=0", "--logging_steps=1", "--save_strategy=steps",
+          f"--save_steps={STEPS}", "--router_aux_loss_coef=0.0", "--seed=5", "--max_grad_norm=1.0", "--bf16=false", "--report_to=none"]
+OPTIMIZERS = {"sgd": ["--optim=sgd", "--learning_rate=0.5"], "adamw": ["--optim=adamw_torch", "--learning_rate=3e-3"]}
+LENGTHS = [1, 2, 3, 7, 15, 40]
+
+#: (processes, overrides) of each split alone on two ranks.
+TWO_RANKS = {
+    "ep2": (2, ["--expert_parallel_size=2"]),
+    "tp2": (2, ["--tensor_parallel_size=2"]),
+    "cp2": (2, ["--context_parallel_size=2"]),
+    "etp2": (2, ["--expert_tensor_parallel_size=2"]),
+}
+
+
+def _numbers(draw: random.Random) -> tuple[int, str]:
+    n = draw.choice(LENGTHS)
+    return n, " ".join(str(draw.randrange(100)) for _ in range(n))
+
+
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def _assistant(text: str) -> list[dict]:
+    return [{"role": "assistant", "content": text}]
+
+
+def uneven_rows(kind: str, count: int = 64, seed: int = 11) -> list[dict]:
+    """Rows in TRL's format for ``kind``: ``preference`` (prompt, chosen, rejected), ``unpaired``
+    (prompt, completion, label: bool), ``labelled`` (text, label: int of 3); lengths of 1 to 40 numbers."""
+    draw = random.Random(seed)
+    rows = []
+    for index in range(count):
+        n, numbers = _numbers(draw)
+        prompt = _user(f"Repeat {n} numbers")
+        if kind == "preference":
+            rows.append({"prompt": prompt, "chosen": _assistant(numbers), "rejected": _assistant(_numbers(draw)[1])})
+        elif kind == "unpaired":
+            rows.append({"prompt": prompt, "completion": _assistant(numbers), "label": draw.random() < 0.5})
+        elif kind == "labelled":
+            rows.append({"text": numbers, "label": index % 3})
+        else:
+            raise ValueError(kind)
+    return rows
+
+
+def write_run(folder: Path, kind: str, extra: str = "") -> Path:
+    """A run YAML over the tiny model (random init) and uneven rows of ``kind``."""
+    (folder / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in uneven_rows(kind)))
+    config = folder / "run.yaml"
+    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: {kind}.jsonl\n{extra}")
+    return config
+
+
+def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None) -> Path:
+    """``halo launch METHOD`` on ``nproc`` processes; the global batch is ``GLOBAL_BATCH`` in every layout."""
+    batch = batch or GLOBAL_BATCH // nproc
+    command = [sys.executable, "-m", "halo_cli", "launch", method, str(config), "--nproc", str(nproc), "--",
+               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *COMMON, *args]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return output_dir
+
+
+def logged(output_dir: Path, key: str) -> list[float]:
+    state = json.loads((output_dir / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    return [entry[key] for entry in state["log_history"] if "loss" in entry]
+
+
+def weights(output_dir: Path, auto_class: str = "AutoModelForCausalLM") -> dict[str, torch.Tensor]:
+    import transformers
+
+    return getattr(transformers, auto_class).from_pretrained(output_dir, dtype=torch.float32).state_dict()
