@@ -6,7 +6,10 @@ preference pairs and splits the fused head's sequences over CP (``parts.pool``).
 
 from __future__ import annotations
 
+import trl.trainer.dpo_trainer
 from trl import DPOConfig, DPOTrainer
+
+from halo_core.methods.reference import hashing_shards
 
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin, sharing
@@ -18,6 +21,10 @@ class HaloDPOTrainer(DistributedTrainerMixin, DPOTrainer):
 
     halo_sequence_loss = True
     halo_row_groups = 2  # the collator stacks every chosen row, then every rejected one
+
+    def __init__(self, *args, **kwargs):
+        with hashing_shards(trl.trainer.dpo_trainer):
+            super().__init__(*args, **kwargs)
 
     def compute_ref_log_probs(self, model, inputs):
         """``precompute_ref_log_probs``' pass, pooled like training so every TP rank runs the same rows."""

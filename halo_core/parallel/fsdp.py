@@ -122,3 +122,14 @@ def _shard_head(backbone: nn.Module, head: nn.Module, dp_mesh: DeviceMesh) -> No
 
 def _pass_through(self, hidden_states):
     return hidden_states
+
+
+def reshard_all(model: nn.Module) -> None:
+    """Put every FSDP2 unit back to its sharded parameters. A forward without backward (TRL scoring the data
+    with the policy before training, ``precompute_ref_log_probs``) leaves the root unit gathered, its
+    ``named_parameters()`` plain tensors: an optimizer built then would step copies no forward reads."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -11,6 +11,7 @@ import os
 
 from halo_core.kernels.liger import keep_experts_interface
 from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint
@@ -49,6 +50,7 @@ class DistributedTrainerMixin:
         self._halo_staging = False
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
+        reshard_all(self.model)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
         if self.halo_sequence_loss:
             for model in (self.model, getattr(self, "ref_model", None)):
                 if model is not None and hasattr(model, "get_output_embeddings"):

@@ -79,7 +79,12 @@ def train(run, trainer_class, config_class, *, reference=None, **trainer_kwargs)
     parallel = run.halo.parallel_config()
     model = build_model(run.halo, args, parallel)
     if reference is not None and reference(args):
-        trainer_kwargs["ref_model"] = lay_out(build_reference(run.halo, args, parallel), parallel)
+        from halo_core.parallel.fsdp import reshard_all
+
+        ref_model = lay_out(build_reference(run.halo, args, parallel), parallel)
+        # No backward ever reshards it: without this the root unit (norm, head) stays gathered between steps.
+        ref_model.register_forward_hook(lambda module, args, output: reshard_all(module))
+        trainer_kwargs["ref_model"] = ref_model
     trainer = trainer_class(
         model=model,
         args=args,

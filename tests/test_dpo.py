@@ -1,0 +1,91 @@
+"""`halo launch dpo`: every split the method declares against one process (losses within 1e-5, post-SGD
+weights within 1e-4), one process against stock `trl.DPOTrainer`, and the MoE auxiliary loss kept."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from halo_core.testing.compare import assert_close
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
+
+#: Each split on two ranks, and EP with CP on four (ring attention's CP is SFT's tests' concern: the pool is the same).
+LAYOUTS = {**TWO_RANKS, "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"])}
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("dpo"), "preference")
+
+
+@pytest.fixture(scope="module")
+def single(run_file):
+    return launch("dpo", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"])
+
+
+def test_pairs_differ_in_length_within_every_batch(run_file):
+    rows = uneven_rows("preference")
+    lengths = [(len(r["chosen"][0]["content"]), len(r["rejected"][0]["content"])) for r in rows[:GLOBAL_BATCH * STEPS]]
+    assert len({c for c, _ in lengths} | {r for _, r in lengths}) >= 5 and any(c != r for c, r in lengths)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
+    nproc, layout = LAYOUTS[name]
+    out = launch("dpo", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
+    assert len(logged(single, "loss")) == STEPS
+    for key in ("loss", "rewards/margins", "logps/chosen", "logps/rejected"):
+        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
+    assert logged(out, "num_tokens") == logged(single, "num_tokens")
+    expected = weights(single)
+    for key, tensor in weights(out).items():
+        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+
+
+def test_precomputed_reference_log_probs_match_the_kept_reference_under_tp(single, run_file, tmp_path):
+    """TRL scores the data with the untrained policy before step one; pooled over the TP group like training."""
+    out = launch("dpo", run_file, tmp_path / "run", 2, *OPTIMIZERS["sgd"], "--tensor_parallel_size=2", "--precompute_ref_log_probs=true")
+    assert logged(out, "loss") == pytest.approx(logged(single, "loss"), abs=1e-5, rel=0)
+
+
+def _stock(run_file, out, aux: float) -> tuple[list[dict], dict]:
+    """Stock TRL on one process: the model Halo's random_init builds (seeded, then from_config), its copy as reference."""
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig, DPOTrainer
+
+    args = DPOConfig(output_dir=str(out), per_device_train_batch_size=GLOBAL_BATCH, max_steps=STEPS, lr_scheduler_type="constant", warmup_steps=0,
+                     logging_steps=1, save_strategy="no", router_aux_loss_coef=aux, seed=5, max_grad_norm=1.0, bf16=False, report_to="none",
+                     optim="sgd", learning_rate=0.5, use_cpu=True)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    data = datasets.load_dataset("json", data_files=str(run_file.parent / "preference.jsonl"), split="train")
+    trainer = DPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TINY))
+    trainer.train()
+    return [e for e in trainer.state.log_history if "loss" in e], model.state_dict()
+
+
+@pytest.fixture(scope="module")
+def with_aux(run_file):
+    return launch("dpo", run_file, run_file.parent / "single-aux", 1, *OPTIMIZERS["sgd"], "--router_aux_loss_coef=0.3")
+
+
+@pytest.mark.parametrize("aux", [0.0, 0.3])
+def test_one_process_equals_stock_dpo_trainer(single, with_aux, run_file, tmp_path, aux):
+    """With the router's auxiliary loss on, both add router_aux_loss_coef x aux_loss (TRL PR 6208)."""
+    out = with_aux if aux else single
+    stock_logs, stock_weights = _stock(run_file, tmp_path / "stock", aux)
+    for key in ["loss", "rewards/margins"] + (["aux_loss"] if aux else []):
+        assert logged(out, key) == pytest.approx([e[key] for e in stock_logs], abs=1e-5, rel=1e-6), key
+    for key, tensor in weights(out).items():
+        assert_close(tensor, stock_weights[key], f"{key} after {STEPS} SGD steps, Halo against stock", rtol=1e-4)
+
+
+def test_the_auxiliary_loss_is_not_dropped(single, with_aux):
+    """Step one runs on the same weights with and without the coefficient: the losses differ by coef x aux_loss."""
+    aux = logged(with_aux, "aux_loss")[0]
+    assert aux > 0.1  # the coefficient weighs something real
+    assert logged(with_aux, "loss")[0] - logged(single, "loss")[0] == pytest.approx(0.3 * aux, abs=1e-5)
