@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 import halo_core
-from halo_cli import families
+from halo_cli import families, methods
 from halo_cli.launch import launch
 from halo_cli import wheels
 from halo_core.errors import HaloError
@@ -19,6 +19,7 @@ _typer_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 _typer_app.add_typer(families.app, name="families")
+_typer_app.add_typer(methods.app, name="methods")
 _typer_app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(launch)
 _typer_app.command("build-wheels")(wheels.command)
 

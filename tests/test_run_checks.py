@@ -17,11 +17,29 @@ from test_run_config import TINY, load
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "templates" / "configs").glob("*.yaml"))
 
 
+def method_of(config: Path) -> str:
+    """A bundled config names its method after the model: ``tiny-qwen3-moe-dpo.yaml``; SFT's has none."""
+    from halo_core.trainers.method import known_methods
+
+    suffix = config.stem.rsplit("-", 1)[-1]
+    return suffix if suffix in known_methods() else "sft"
+
+
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
 def test_the_bundled_configs_pass(config):
-    run = load(path=config)
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    method = method_of(config)
+    run = load_run_config(method, get_method(method).config_class, config, parse_overrides([]))
     check_run(run)
     check_layout(run, 2)
+
+
+def test_every_method_has_a_bundled_config():
+    from halo_core.trainers.method import known_methods
+
+    assert sorted({method_of(c) for c in CONFIGS}) == known_methods()
 
 
 @pytest.mark.parametrize(

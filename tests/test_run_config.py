@@ -127,7 +127,7 @@ def test_cli_refuses_before_starting_anything(tmp_path):
     assert "ep*etp = 2*1 = 2 does not divide the data-parallel size 3" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
     unknown = run_halo("launch", "dpo-magic", str(TINY))
-    assert unknown.returncode == 2 and "unknown method 'dpo-magic'; known methods: sft" in unknown.stderr
+    assert unknown.returncode == 2 and "unknown method 'dpo-magic'; known methods: " in unknown.stderr and "dpo, " in unknown.stderr and "sft" in unknown.stderr
 
 
 @pytest.mark.parametrize(
@@ -186,3 +186,11 @@ def test_layout_messages_speak_the_runs_field_names(engine, launcher):
     from halo_core.trainers.run_config import _in_run_fields
 
     assert _in_run_fields(engine).startswith(launcher)
+
+
+def test_a_single_value_where_trl_takes_a_list_is_read_as_that_list():
+    """TRL's DPOConfig takes ``loss_type: sigmoid`` (and its parser ``--loss_type sigmoid``) for ["sigmoid"]."""
+    from halo_core.trainers.typecheck import coerce
+
+    assert coerce("ipo", list[str]) == ["ipo"] and coerce("ipo", list[str] | None) == ["ipo"]
+    assert coerce(["ipo", "sft"], list[str]) == ["ipo", "sft"] and coerce(3, int) == 3 and coerce(None, list[str] | None) is None

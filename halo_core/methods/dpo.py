@@ -43,4 +43,4 @@ def run(run: RunConfig) -> None:
     train(run, HaloDPOTrainer, DPOConfig, reference=lambda args: not args.precompute_ref_log_probs)
 
 
-METHOD = Method(name="dpo", config_class=DPOConfig, run=run, splits=frozenset({"ep", "cp", "tp", "etp"}), columns=("chosen", "rejected"))
+METHOD = Method(name="dpo", config_class=DPOConfig, run=run, trainer=HaloDPOTrainer, splits=frozenset({"ep", "cp", "tp", "etp"}), columns=("chosen", "rejected"))

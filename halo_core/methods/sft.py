@@ -29,4 +29,4 @@ def run(run: RunConfig) -> None:
     train(run, HaloSFTTrainer, SFTConfig)
 
 
-METHOD = Method(name="sft", config_class=SFTConfig, run=run, splits=frozenset({"ep", "cp", "tp", "etp"}))
+METHOD = Method(name="sft", config_class=SFTConfig, run=run, trainer=HaloSFTTrainer, splits=frozenset({"ep", "cp", "tp", "etp"}))

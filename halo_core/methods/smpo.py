@@ -124,4 +124,4 @@ def run(run: RunConfig) -> None:
     train(run, HaloSMPOTrainer, SMPOConfig)
 
 
-METHOD = Method(name="smpo", config_class=SMPOConfig, run=run, splits=frozenset({"ep", "cp", "tp", "etp"}), columns=("chosen", "rejected"))
+METHOD = Method(name="smpo", config_class=SMPOConfig, run=run, trainer=HaloSMPOTrainer, splits=frozenset({"ep", "cp", "tp", "etp"}), columns=("chosen", "rejected"))

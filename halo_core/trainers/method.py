@@ -24,6 +24,8 @@ class Method:
     #: Refusals of the method's own, before any process starts: ``check(run, args)`` raises ``ConfigError``
     #: (``args``: the method's config dataclass as the worker will build it).
     check: Callable | None = None
+    #: The trainer class the worker builds (documentation: ``halo methods matrix``).
+    trainer: type | None = None
 
 
 def known_methods() -> list[str]:

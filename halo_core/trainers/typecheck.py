@@ -38,7 +38,9 @@ def matches(value: Any, annotation: Any) -> bool:
 
 
 def coerce(value: Any, annotation: Any) -> Any:
-    """YAML 1.1 reads ``1e-5`` as a string; turn such strings into the number a numeric field expects."""
+    """YAML 1.1 reads ``1e-5`` as a string; turn such strings into the number a numeric field expects.
+    A single value where a list is expected becomes a list of it, as TRL's and transformers' argument
+    parser reads ``--loss_type sigmoid`` (and TRL's configs accept ``loss_type: sigmoid``)."""
     if isinstance(value, str) and not matches(value, annotation):
         for kind in (int, float):
             if matches(kind(0), annotation):
@@ -46,7 +48,18 @@ def coerce(value: Any, annotation: Any) -> Any:
                     return kind(value)
                 except ValueError:
                     continue
+    if value is not None and not isinstance(value, (list, tuple, dict)) and not matches(value, annotation):
+        if matches([coerce(value, _item_type(annotation))], annotation):
+            return [coerce(value, _item_type(annotation))]
     return value
+
+
+def _item_type(annotation: Any) -> Any:
+    """The element type of a list annotation (inside an optional one too), else ``Any``."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(candidate) in (list, tuple, typing.Sequence) and typing.get_args(candidate):
+            return typing.get_args(candidate)[0]
+    return Any
 
 
 def describe(annotation: Any) -> str:
