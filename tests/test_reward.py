@@ -8,7 +8,6 @@ import re
 import pytest
 import torch
 
-from conftest import run_halo
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
 
@@ -75,8 +74,12 @@ def test_cp_is_refused_before_start(run_file):
 
 
 def test_data_without_pairs_is_refused_before_start(tmp_path):
-    config = write_run(tmp_path, "labelled")
-    result = run_halo("launch", "reward", str(config), "--nproc", "2", "--dry-run", "--", f"--output_dir={tmp_path / 'out'}")
-    assert result.returncode == 2 and "lacks" in result.stderr and "'chosen'" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
-    assert not (tmp_path / "out").exists()
+    """In process (``tests/test_classify.py`` runs the CLI's ``--dry-run`` refusal end to end)."""
+    from halo_core.errors import ConfigError
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config
+    from trl import RewardConfig
+
+    with pytest.raises(ConfigError, match=re.escape("lacks 'chosen'")) as caught:
+        check_run(load_run_config("reward", RewardConfig, write_run(tmp_path, "labelled")))
+    assert "\n" not in str(caught.value) and "columns: {old: new}" in str(caught.value)
