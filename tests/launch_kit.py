@@ -20,6 +20,9 @@ STEPS = 3
 GLOBAL_BATCH = 4
 COMMON = [f"--max_steps={STEPS}", "--lr_scheduler_type=constant", "--warmup_steps=0", "--logging_steps=1", "--save_strategy=steps",
           f"--save_steps={STEPS}", "--router_aux_loss_coef=0.0", "--seed=5", "--max_grad_norm=1.0", "--bf16=false", "--report_to=none"]
+#: ``COMMON`` for the sequence-classification methods (reward, classify): their configs have no router
+#: auxiliary loss, which transformers' sequence-classification heads do not add.
+HEAD_COMMON = [a for a in COMMON if not a.startswith("--router_aux_loss_coef")]
 OPTIMIZERS = {"sgd": ["--optim=sgd", "--learning_rate=0.5"], "adamw": ["--optim=adamw_torch", "--learning_rate=3e-3"]}
 LENGTHS = [1, 2, 3, 7, 15, 40]
 
@@ -72,11 +75,12 @@ def write_run(folder: Path, kind: str, extra: str = "") -> Path:
     return config
 
 
-def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None) -> Path:
-    """``halo launch METHOD`` on ``nproc`` processes; the global batch is ``GLOBAL_BATCH`` in every layout."""
+def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON) -> Path:
+    """``halo launch METHOD`` on ``nproc`` processes; the global batch is ``GLOBAL_BATCH`` in every layout.
+    ``common``: ``COMMON``, or ``HEAD_COMMON`` for methods whose config has no ``router_aux_loss_coef``."""
     batch = batch or GLOBAL_BATCH // nproc
     command = [sys.executable, "-m", "halo_cli", "launch", method, str(config), "--nproc", str(nproc), "--",
-               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *COMMON, *args]
+               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *common, *args]
     result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return output_dir

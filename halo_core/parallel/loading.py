@@ -111,11 +111,26 @@ def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows:
     return tensors[0]
 
 
-def model_class_for(hf_config, registry=None):
-    """The class to build a model of this config with: the family's ``model_class`` where it names one."""
+def model_class_for(hf_config, registry=None, sequence_classification: bool = False):
+    """The class to build a model of this config with: the family's ``model_class`` where it names one.
+
+    ``sequence_classification``: the family's backbone under a classification head (``score``, ``num_labels``
+    outputs read at the last non-pad token), the class transformers' ``AutoModelForSequenceClassification``
+    maps the config to; a ``CheckpointError`` if transformers has none for the model type.
+    """
     import transformers
 
     from halo_core.registry import discover
+
+    if sequence_classification:
+        from transformers import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING
+
+        if type(hf_config) not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING:
+            raise CheckpointError(
+                f"transformers has no sequence-classification class for model type {hf_config.model_type!r} "
+                f"(AutoModelForSequenceClassification); train it with a causal-LM method (sft, dpo) instead"
+            )
+        return transformers.AutoModelForSequenceClassification
 
     record = (registry or discover()).family_record(hf_config.model_type)
     name = record.family.model_class if record is not None and record.ok else None
@@ -125,23 +140,39 @@ def model_class_for(hf_config, registry=None):
 @torch.no_grad()
 def from_pretrained(
     path: str | Path, config: ParallelConfig, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-    registry=None, experts_implementation: str | None = None,
+    registry=None, experts_implementation: str | None = None, num_labels: int | None = None, pad_token_id: int | None = None,
+    seed: int = 0,
 ):
-    """Load ``path`` into the layout ``config`` describes, reading only this rank's experts; call on every rank."""
+    """Load ``path`` into the layout ``config`` describes, reading only this rank's experts; call on every rank.
+
+    ``num_labels``: build the sequence-classification class instead (``model_class_for``), with
+    ``pad_token_id`` on its config (it reads the score at the last non-pad token); from a causal LM's
+    checkpoint the backbone loads and the head, which it lacks, is initialised from ``seed`` (``load_into``).
+    """
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
+    if num_labels is not None:
+        sequence_head(hf_config, num_labels, pad_token_id)
     extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
     with init_empty_weights(include_buffers=False):
-        model = model_class_for(hf_config, registry).from_config(hf_config, dtype=dtype, **extra)
+        model = model_class_for(hf_config, registry, num_labels is not None).from_config(hf_config, dtype=dtype, **extra)
     model = parallelize(model, config, registry, device_type=torch.device(device).type)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     model.to_empty(device=device)
     for name, buffer in model.named_buffers():
         buffer.copy_(buffers[name])
-    load_into(model, path)
+    load_into(model, path, new_head_seed=seed if num_labels is not None else None)
     return model
+
+
+def sequence_head(hf_config, num_labels: int, pad_token_id: int | None) -> None:
+    """What a sequence-classification head reads off the config: its outputs, and the pad token it skips."""
+    hf_config.num_labels = num_labels
+    if pad_token_id is not None:
+        hf_config.pad_token_id = pad_token_id
+        hf_config.get_text_config().pad_token_id = pad_token_id
 
 
 def expert_rows(model: nn.Module, name: str) -> tuple[int, int] | None:
@@ -170,12 +201,29 @@ def place(model: nn.Module, name: str, param: torch.Tensor, block: torch.Tensor)
     return block
 
 
+def _new_head_block(model: nn.Module, name: str, seed: int) -> torch.Tensor | None:
+    """A head parameter (outside the backbone, ``base_model_prefix``) the checkpoint lacks, initialised whole as
+    transformers initialises missing keys (the model's ``_init_weights`` on the module), the same on every rank."""
+    prefix = getattr(model, "base_model_prefix", "")
+    if not prefix or name.startswith(prefix + "."):
+        return None
+    owner_name, _, leaf = name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    if not isinstance(owner, nn.Linear):
+        return None
+    replica = nn.Linear(owner.in_features, owner.out_features, bias=owner.bias is not None, dtype=torch.float32)
+    torch.manual_seed(seed)
+    model._init_weights(replica)
+    return getattr(replica, leaf).detach()
+
+
 @torch.no_grad()
-def load_into(model: nn.Module, path: str | Path) -> ReadLog:
+def load_into(model: nn.Module, path: str | Path, new_head_seed: int | None = None) -> ReadLog:
     """Fill a laid-out model's parameters from a Hugging Face checkpoint folder, reading only local experts.
 
     Also used to resume training from a ``checkpoint-N`` folder. Returns (and keeps in the
-    layout as ``reads``) what this rank read.
+    layout as ``reads``) what this rank read. ``new_head_seed``: a linear head outside the backbone that
+    the checkpoint lacks (a causal LM read into a sequence-classification class) is initialised from it.
     """
     folder = Path(path)
     model_type = model.config.model_type
@@ -191,6 +239,8 @@ def load_into(model: nn.Module, path: str | Path) -> ReadLog:
             block = checkpoint.read(name)
         elif name in tied:
             continue  # filled by its tie
+        elif new_head_seed is not None and (fresh := _new_head_block(model, name, new_head_seed)) is not None:
+            block = fresh
         else:  # fused experts without EP, or another converted tensor
             block = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]))
         local = place(model, name, param, block.to(dtype=param.dtype))

@@ -32,12 +32,16 @@ def build_tokenizer(halo: HaloArguments):
     return AutoTokenizer.from_pretrained(halo.model_name_or_path)
 
 
-def build_model(halo: HaloArguments, args, parallel: ParallelConfig):
-    """Random init from the config (same seed on every rank), or the checkpoint read straight into the layout."""
+def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels: int | None = None, pad_token_id: int | None = None):
+    """Random init from the config (same seed on every rank), or the checkpoint read straight into the layout.
+
+    ``num_labels``: the family's backbone under a sequence-classification head (``score``) with that many
+    outputs and ``pad_token_id`` on the config; from a causal LM's checkpoint the head starts from the seed.
+    """
     from transformers import AutoConfig
 
     from halo_core.kernels import liger
-    from halo_core.parallel.loading import from_pretrained, model_class_for
+    from halo_core.parallel.loading import from_pretrained, model_class_for, sequence_head
 
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
@@ -46,11 +50,15 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig):
         liger.register()
     if halo.random_init:
         config = AutoConfig.from_pretrained(halo.model_name_or_path)
+        if num_labels is not None:
+            sequence_head(config, num_labels, pad_token_id)
         torch.manual_seed(args.seed)
         with device:
-            model = model_class_for(config).from_config(config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
+            model = model_class_for(config, sequence_classification=num_labels is not None).from_config(
+                config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
     else:
-        model = from_pretrained(halo.model_name_or_path, parallel, dtype=dtype, device=device, experts_implementation=experts)
+        model = from_pretrained(halo.model_name_or_path, parallel, dtype=dtype, device=device, experts_implementation=experts,
+                                num_labels=num_labels, pad_token_id=pad_token_id, seed=args.seed)
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
     return model
@@ -65,11 +73,12 @@ def build_reference(halo: HaloArguments, args, parallel: ParallelConfig):
     return reference.eval()
 
 
-def train(run, trainer_class, config_class, *, reference=None, **trainer_kwargs) -> None:
+def train(run, trainer_class, config_class, *, reference=None, num_labels=None, **trainer_kwargs) -> None:
     """The road every method's worker takes: the method's config, the model (and a reference policy
     where the method keeps one), the trainer over the run's data, ``train`` (resuming where asked), the result.
 
     ``reference(args)``: whether the method keeps a frozen reference policy under these arguments.
+    ``num_labels(args)``: a sequence-classification model with that many outputs (reward, classify).
     """
     from halo_core.trainers.parts.data import load_sources
     from halo_core.trainers.parts.layout import lay_out
@@ -77,7 +86,9 @@ def train(run, trainer_class, config_class, *, reference=None, **trainer_kwargs)
     init_distributed()
     args = method_args(config_class, run.trainer)
     parallel = run.halo.parallel_config()
-    model = build_model(run.halo, args, parallel)
+    tokenizer = build_tokenizer(run.halo)
+    labels = num_labels(args) if num_labels is not None else None
+    model = build_model(run.halo, args, parallel, labels, tokenizer.pad_token_id if labels is not None else None)
     if reference is not None and reference(args):
         from halo_core.parallel.fsdp import reshard_all
 
@@ -89,7 +100,7 @@ def train(run, trainer_class, config_class, *, reference=None, **trainer_kwargs)
         model=model,
         args=args,
         train_dataset=load_sources(run.halo.dataset),
-        processing_class=build_tokenizer(run.halo),
+        processing_class=tokenizer,
         parallel_config=parallel,
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
         compile_layers=run.halo.compile_layers,
