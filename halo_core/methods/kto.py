@@ -76,7 +76,7 @@ def check(run: RunConfig, args) -> None:
     for field in ("desirable_weight", "undesirable_weight"):
         value = getattr(args, field)
         if not value > 0:
-            raise ConfigError(f"{where}: {field}={value!r} must be above 0 (it scales that kind's loss; 1.0 is even), "
+            raise ConfigError(f"{where}: {field}={value!r} must be above 0 (it scales the loss of that kind of row; 1.0 weighs both kinds evenly), "
                               f"e.g. 1.0; set it in the YAML or with -- --{field}=VALUE")
     if args.loss_type not in LOSS_TYPES:
         raise ConfigError(f"{where}: loss_type={args.loss_type!r} is not one KTOTrainer implements; choose among "
