@@ -48,6 +48,14 @@ class HaloKTOTrainer(DistributedTrainerMixin, KTOTrainer):
     halo_sequence_loss = True
     halo_row_groups = 1  # one row per example; the KL_* rows sit in their own tensors, row for row
 
+    def __init__(self, *args, **kwargs):
+        from trl.trainer import kto_trainer
+
+        from halo_core.trainers.parts.precompute import hashing_layouts
+
+        with hashing_layouts(kto_trainer):  # precompute_ref_log_probs' cache key, over the layout's shards
+            super().__init__(*args, **kwargs)
+
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
         dataset = super()._prepare_dataset(dataset, processing_class, args, dataset_name)
         world = args.world_size
@@ -57,6 +65,14 @@ class HaloKTOTrainer(DistributedTrainerMixin, KTOTrainer):
 
         with global_then_local_main_first():
             return dataset.map(_rotate_within, batched=True, batch_size=args.per_device_train_batch_size * world)
+
+    def _precompute_ref_logps(self, dataset, name, batch_size):
+        from halo_core.trainers.parts.precompute import reshard
+
+        try:
+            return super()._precompute_ref_logps(dataset, name, batch_size)
+        finally:
+            reshard(self.model)  # the pass ran before the optimizer is built: it must see the shards
 
     def compute_ref_log_probs(self, model, inputs):
         """``precompute_ref_log_probs``' pass, pooled like training so every TP rank runs the same rows."""
