@@ -187,7 +187,7 @@ def test_check_accepts_apo_zero_at_batch_1(tmp_path):
     check_run(load_run_config("kto", KTOConfig, _unpaired(tmp_path, [ROW]), parse_overrides(overrides)))
 
 
-@pytest.mark.skipif(not os.environ.get("HALO_SLOW_TESTS"), reason="about 30 s on 2 cores, mostly start-up; HALO_SLOW_TESTS=1 runs it")
+@pytest.mark.skipif(not os.environ.get("HALO_SLOW_TESTS"), reason="about 20 s on 2 cores, mostly start-up; HALO_SLOW_TESTS=1 runs it")
 def test_the_embedded_default_raises_the_reward_margin(tmp_path):
     """The bundled KTO config, briefly: EP2 over two processes, the margin between desirable and undesirable rewards climbs.
     (Its config is checked before start in every run of the suite: test_run_checks.test_the_bundled_configs_pass.)"""
