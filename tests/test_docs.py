@@ -92,3 +92,16 @@ def test_halo_families_contract_rewrites_only_the_marked_sections(tmp_path):
     unmarked.write_text("# no markers\n")
     refused = run_halo("families", "contract", "--write", str(unmarked))
     assert refused.returncode == 2 and "halo-contract:family" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_method_matrix_page_matches_the_registered_methods():
+    from halo_core.matrix import render_methods
+
+    committed = (ROOT / "agent-docs" / "methods" / "index.md").read_text()
+    assert committed == render_methods(), "run: halo methods matrix --write agent-docs/methods/index.md"
+
+
+def test_every_registered_method_has_its_page():
+    from halo_core.trainers.method import known_methods
+
+    assert sorted(p.stem for p in (ROOT / "agent-docs" / "methods").glob("*.md") if p.stem != "index") == known_methods()

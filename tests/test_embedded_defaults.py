@@ -1,0 +1,30 @@
+"""Each method's bundled config trains the tiny model over two processes (EP2) with its metric moving the
+right way: a few steps here; the full configs run about a minute (README). Their keys and layouts are
+checked before start in test_run_checks.test_the_bundled_configs_pass."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import run_halo
+
+CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
+#: method -> (the logged metric, whether it must rise)
+METRICS = {"dpo": ("rewards/margins", True), "kto": ("rewards/margins", True), "smpo": ("rewards/margins", True),
+           "reward": ("accuracy", True), "classify": ("loss", False)}
+
+
+@pytest.mark.parametrize("method", sorted(METRICS))
+def test_the_embedded_default_moves_its_metric(method, tmp_path):
+    out = tmp_path / "run"
+    result = run_halo("launch", method, str(CONFIGS / f"tiny-qwen3-moe-{method}.yaml"), "--nproc", "2", "--", f"--output_dir={out}",
+                      "--max_steps=8", "--logging_steps=4", "--save_steps=8", "--warmup_steps=1", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    key, rises = METRICS[method]
+    state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
+    values = [e[key] for e in state["log_history"] if key in e and "train_runtime" not in e]
+    assert len(values) == 2 and (values[1] > values[0] if rises else values[1] < values[0]), values
+    assert (out / "model.safetensors").exists() or any(out.glob("model-*.safetensors"))
