@@ -89,3 +89,15 @@ def test_the_auxiliary_loss_is_not_dropped(single, with_aux):
     aux = logged(with_aux, "aux_loss")[0]
     assert aux > 0.1  # the coefficient weighs something real
     assert logged(with_aux, "loss")[0] - logged(single, "loss")[0] == pytest.approx(0.3 * aux, abs=1e-5)
+
+
+def test_resuming_on_ep2_continues_the_single_process_run_against_the_initial_reference(single, run_file, tmp_path):
+    """Stopped after step 2 and resumed: the third step is one process's, so the reference stayed the initial
+    policy (not the checkpoint's) and the optimizer and data order came back exactly."""
+    out = tmp_path / "run"
+    launch("dpo", run_file, out, 2, *OPTIMIZERS["sgd"], "--expert_parallel_size=2", "--max_steps=2", "--save_steps=2")
+    launch("dpo", run_file, out, 2, *OPTIMIZERS["sgd"], "--expert_parallel_size=2", f"--resume_from_checkpoint={out / 'checkpoint-2'}")
+    assert logged(out, "loss") == pytest.approx(logged(single, "loss"), abs=1e-5, rel=0)
+    expected = weights(single)
+    for key, tensor in weights(out).items():
+        assert_close(tensor, expected[key], f"{key} after a resumed third step", rtol=1e-4)
