@@ -49,14 +49,17 @@ def _assistant(text: str) -> list[dict]:
 
 
 def uneven_rows(kind: str, count: int = 64, seed: int = 11) -> list[dict]:
-    """Rows in TRL's format for ``kind``: ``preference`` (prompt, chosen, rejected), ``unpaired``
-    (prompt, completion, label: bool), ``labelled`` (text, label: int of 3); lengths of 1 to 40 numbers."""
+    """Rows in TRL's format for ``kind``: ``completion`` (prompt, completion), ``preference`` (prompt, chosen,
+    rejected), ``unpaired`` (prompt, completion, label: bool), ``labelled`` (text, label: int of 3); lengths of
+    1 to 40 numbers."""
     draw = random.Random(seed)
     rows = []
     for index in range(count):
         n, numbers = _numbers(draw)
         prompt = _user(f"Repeat {n} numbers")
-        if kind == "preference":
+        if kind == "completion":
+            rows.append({"prompt": prompt, "completion": _assistant(numbers)})
+        elif kind == "preference":
             rows.append({"prompt": prompt, "chosen": _assistant(numbers), "rejected": _assistant(_numbers(draw)[1])})
         elif kind == "unpaired":
             rows.append({"prompt": prompt, "completion": _assistant(numbers), "label": draw.random() < 0.5})

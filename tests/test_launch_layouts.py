@@ -6,22 +6,15 @@ float32 throughout (``bf16: false``): TRL's default on a machine with bf16 would
 """
 
 import json
-import random
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
-import torch
 
 from halo_core.testing.compare import assert_close
+from launch_kit import OPTIMIZERS, ROOT, STEPS, launch as launch_method, logged, weights, write_run
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 3
-GLOBAL_BATCH = 4
-COMMON = [f"--max_steps={STEPS}", "--lr_scheduler_type=constant", "--warmup_steps=0", "--logging_steps=1", "--save_strategy=steps",
-          f"--save_steps={STEPS}", "--router_aux_loss_coef=0.0", "--seed=5", "--max_grad_norm=1.0", "--bf16=false", "--report_to=none"]
-OPTIMIZERS = {"sgd": ["--optim=sgd", "--learning_rate=0.5"], "adamw": ["--optim=adamw_torch", "--learning_rate=3e-3"]}
+launch = partial(launch_method, "sft")
 
 #: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {
@@ -43,43 +36,13 @@ ADAMW_LAYOUTS = ["tp2", "ep2-cp2"]
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory) -> Path:
+def run_file(tmp_path_factory):
     """A config over data whose completions run from 1 to 40 numbers, so no two neighbours share a length."""
-    folder = tmp_path_factory.mktemp("uneven")
-    draw = random.Random(11)
-    rows = []
-    for _ in range(64):
-        n = draw.choice([1, 2, 3, 7, 15, 40])
-        numbers = " ".join(str(draw.randrange(100)) for _ in range(n))
-        rows.append({"prompt": [{"role": "user", "content": f"Repeat {n} numbers"}], "completion": [{"role": "assistant", "content": numbers}]})
-    (folder / "uneven.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = folder / "run.yaml"
-    config.write_text(f"model_name_or_path: {ROOT / 'templates' / 'tiny' / 'model'}\nrandom_init: true\ndataset:\n  - path: uneven.jsonl\n")
-    return config
+    return write_run(tmp_path_factory.mktemp("uneven"), "completion")
 
 
-def launch(config: Path, output_dir: Path, nproc: int, *args: str) -> Path:
-    batch = GLOBAL_BATCH // nproc  # the global batch is nproc x per-device batch in every layout
-    command = [sys.executable, "-m", "halo_cli", "launch", "sft", str(config), "--nproc", str(nproc), "--",
-               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *COMMON, *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return output_dir
-
-
-def logged(output_dir: Path, key: str) -> list[float]:
-    state = json.loads((output_dir / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
-    return [entry[key] for entry in state["log_history"] if "loss" in entry]
-
-
-def losses(output_dir: Path) -> list[float]:
+def losses(output_dir) -> list[float]:
     return logged(output_dir, "loss")
-
-
-def weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(output_dir, dtype=torch.float32).state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +63,7 @@ def test_the_data_pads_every_batch(run_file):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "templates" / "tiny" / "model")
-    rows = [json.loads(line) for line in (run_file.parent / "uneven.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_file.parent / "completion.jsonl").read_text().splitlines()]
     lengths = [len(tokenizer.apply_chat_template(r["prompt"] + r["completion"], return_dict=True)["input_ids"]) for r in rows]
     assert len(set(lengths)) >= 5 and max(lengths) > 3 * min(lengths)
 
