@@ -14,7 +14,8 @@ from pathlib import Path
 from sft_workload import WARMUP, trainer_fields
 
 
-def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
+def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "sft") -> list[str]:
+    """``halo launch METHOD`` over a YAML the harness writes (``method``: ``sft``, or ``dpo`` for ``dpo_vs_trl.py``)."""
     import yaml
 
     run = {
@@ -36,7 +37,7 @@ def halo_command(variant: str, spec: dict, args, workdir: Path) -> list[str]:
         run["shard_parameters"] = False
     path = workdir / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(run))
-    return [sys.executable, "-m", "halo_cli", "launch", "sft", str(path), "--nproc", str(args.nproc)]
+    return [sys.executable, "-m", "halo_cli", "launch", method, str(path), "--nproc", str(args.nproc)]
 
 
 def halo_result(output: str, seq: int, batch: int, every: int) -> dict:
@@ -48,5 +49,5 @@ def halo_result(output: str, seq: int, batch: int, every: int) -> dict:
     rates = [float(log["tokens_per_second_per_device"]) for log in logs[skip:]]
     rate = statistics.median(rates)
     return {"tokens_per_s": round(rate), "median_step_s": round(seq * batch / rate, 4), "steps_timed": len(rates) * every,
-            "peak_gib": max(float(log["peak_memory_gib_per_device"]) for log in logs),
+            "peak_gib": max(float(log.get("peak_memory_gib_per_device", 0.0)) for log in logs),  # none on a CPU dry run
             "losses": [float(log["loss"]) for log in logs]}

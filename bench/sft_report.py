@@ -61,6 +61,11 @@ def print_summary(results: list[dict], workdir: Path, profile: str | None) -> No
     for r in ok:
         ratios = [r["tokens_per_s"] / base[k] if k in base else float("nan") for k in ("trl-fp32-autocast", "trl-bf16")]
         print(f"{r['variant']:28} {r['tokens_per_s']:>12} {r['peak_gib']:>9} {r['mfu']:>6.3f} {ratios[0]:>7.2f} {ratios[1]:>7.2f}")
+    print_reports(results, workdir, profile)
+
+
+def print_reports(results: list[dict], workdir: Path, profile: str | None) -> None:
+    """The failed rows' output, then the profile and memory reports a ``--profile`` run wrote."""
     for r in results:
         if "error" in r:
             print(f"{r['variant']}: FAILED\n{r['error']}")

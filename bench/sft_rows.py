@@ -22,18 +22,21 @@ from sft_workload import HERE, saved_model
 ENTRY = HERE / "sft_vs_trl.py"
 
 
-def run_variant(variant: str, args, workdir: Path) -> dict:
-    spec = parse(variant)
+def run_variant(variant: str, args, workdir: Path, entry: Path = ENTRY, method: str = "sft", sequences: int = 1) -> dict:
+    """One row in its own processes: ``halo launch METHOD`` for a Halo row, else ``entry --worker VARIANT``.
+    ``sequences``: sequences of ``--seq`` tokens per example (2 for a preference pair), for the step time."""
+    spec = parse(variant, method)
     if spec["tf_ep"]:
         from transformers import AutoConfig
 
         saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
     env, cwd = row_process(spec, args.tree)
     if spec["halo"] and not args.profile:
-        command = halo_command(variant, spec, args, workdir)
+        command = halo_command(variant, spec, args, workdir, method)
     else:
-        script = [str(ENTRY), "--worker", variant, "--workdir", str(workdir), "--seq", str(args.seq),
-                  "--steps", str(args.steps), "--batch", str(args.batch), "--lr", str(args.lr)]
+        script = [str(entry), "--worker", variant, "--workdir", str(workdir), "--seq", str(args.seq),
+                  "--steps", str(args.steps), "--batch", str(args.batch), "--lr", str(args.lr),
+                  "--halo-log-every", str(args.halo_log_every)]
         script += (["--profile", variant] if args.profile else []) + (["--memory"] if args.memory else []) + (["--losses"] if args.losses else []) + (["--packing"] if args.packing else [])
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
         command = launcher + script
@@ -42,14 +45,14 @@ def run_variant(variant: str, args, workdir: Path) -> dict:
     if done.returncode:
         return {"variant": variant, "error": (done.stdout + done.stderr)[-2500:]}
     if spec["halo"] and not args.profile:
-        row = halo_result(done.stdout, args.seq, args.batch, 1 if args.losses else args.halo_log_every)
+        row = halo_result(done.stdout, args.seq * sequences, args.batch, 1 if args.losses else args.halo_log_every)
     else:
         row = json.loads((workdir / f"{variant}.row.json").read_text())
     return {"variant": variant, **row, "wall_s": round(time.perf_counter() - started, 1)}
 
 
-def alternated_rows(variants: list[str], args, workdir: Path) -> Iterator[dict]:
-    """Every variant once per repeat, in turn, each row as it finishes."""
+def alternated_rows(variants: list[str], args, workdir: Path, **harness) -> Iterator[dict]:
+    """Every variant once per repeat, in turn, each row as it finishes (``harness``: ``run_variant``'s entry, method, sequences)."""
     for repeat in range(args.repeats):
         for variant in variants:
-            yield {"repeat": repeat, "nproc": args.nproc, "seq": args.seq, "batch": args.batch, **run_variant(variant, args, workdir)}
+            yield {"repeat": repeat, "nproc": args.nproc, "seq": args.seq, "batch": args.batch, **run_variant(variant, args, workdir, **harness)}

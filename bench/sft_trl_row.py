@@ -22,7 +22,7 @@ from sft_workload import WARMUP, saved_model, trainer_fields
 def trl_worker(variant: str, args, workdir: Path) -> None:
     """Stock TRL (or, for --profile, Halo's trainer in-process): train, time each step, write the row."""
     import datasets
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     spec = parse(variant)
@@ -56,6 +56,31 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
         with torch.device("cuda"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa", **extra)
 
+    timer = step_timer(variant, args, workdir, rank)
+    fields = trainer_fields(spec, args, workdir / "out" / variant)
+    fields.pop("disable_tqdm")
+    sft_args = SFTConfig(**{**fields, "logging_steps": 1 if args.losses else 1000})  # logging costs TRL time: only when asked
+    if spec["halo"]:
+        from halo_core import ParallelConfig
+        from halo_core.methods.sft import HaloSFTTrainer
+
+        trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
+                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"], fsdp_unit_layers=spec["unit_layers"] or 1, fsdp=not spec["replicated"]), compile_layers=spec["compile"],
+                                 activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"])
+    else:
+        trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])
+    trainer.train()
+    if rank == 0:
+        write_row(variant, timer, trainer, args.seq * args.batch, workdir)
+
+
+def step_timer(variant: str, args, workdir: Path, rank: int):
+    """A callback that times each optimizer step after a CUDA sync and keeps the logged losses; with
+    ``args.profile``/``args.memory`` it also records steps 6-7 and one step's allocator history."""
+    from transformers import TrainerCallback
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)  # a CPU dry run of the harness times too
+
     class StepTimer(TrainerCallback):
         def __init__(self):
             self.times, self.last, self.profiler, self.losses = [], None, None, []
@@ -65,7 +90,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
                 self.losses.append(float(logs["loss"]))
 
         def on_step_begin(self, args_, state, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             self.last = time.perf_counter()
             if args.memory and state.global_step == WARMUP + 3:  # after the profiled steps: one step's allocator history
                 torch.cuda.reset_peak_memory_stats()
@@ -76,7 +101,7 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
                 self.profiler.__enter__()
 
         def on_step_end(self, args_, state, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             self.times.append(time.perf_counter() - self.last)
             if args.memory and state.global_step == WARMUP + 4:
                 from memory_peak import peak_breakdown
@@ -102,22 +127,12 @@ def trl_worker(variant: str, args, workdir: Path) -> None:
                 self.profiler.export_chrome_trace(str(workdir / f"trace-rank{rank}.json"))  # the timeline: what overlaps, where the GPU idles
                 self.profiler = None
 
-    timer = StepTimer()
-    fields = trainer_fields(spec, args, workdir / "out" / variant)
-    fields.pop("disable_tqdm")
-    sft_args = SFTConfig(**{**fields, "logging_steps": 1 if args.losses else 1000})  # logging costs TRL time: only when asked
-    if spec["halo"]:
-        from halo_core import ParallelConfig
-        from halo_core.methods.sft import HaloSFTTrainer
+    return StepTimer()
 
-        trainer = HaloSFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"),
-                                 callbacks=[timer], parallel_config=ParallelConfig(ep=spec["ep"], fsdp_unit_layers=spec["unit_layers"] or 1, fsdp=not spec["replicated"]), compile_layers=spec["compile"],
-                                 activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"])
-    else:
-        trainer = SFTTrainer(model=model, args=sft_args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(workdir / "model"), callbacks=[timer])
-    trainer.train()
-    if rank == 0:
-        step = statistics.median(timer.times[WARMUP:])
-        row = {"tokens_per_s": round(args.seq * args.batch / step), "median_step_s": round(step, 4), "steps_timed": len(timer.times[WARMUP:]),
-               "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "optimizer": type(trainer.optimizer).__name__, "losses": timer.losses}
-        (workdir / f"{variant}.row.json").write_text(json.dumps(row))
+
+def write_row(variant: str, timer, trainer, tokens_per_step: int, workdir: Path) -> None:
+    """The row the orchestrator reads back: the median of the timed steps after warm-up."""
+    step = statistics.median(timer.times[WARMUP:])
+    row = {"tokens_per_s": round(tokens_per_step / step), "median_step_s": round(step, 4), "steps_timed": len(timer.times[WARMUP:]),
+           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else 0.0, "optimizer": type(trainer.optimizer).__name__, "losses": timer.losses}
+    (workdir / f"{variant}.row.json").write_text(json.dumps(row))

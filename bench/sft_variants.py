@@ -11,7 +11,12 @@ import os
 from pathlib import Path
 
 
-def parse(variant: str) -> dict:
+#: Options only a preference method's rows take (``dpo_vs_trl.py``).
+DPO_OPTIONS = {"precompute"}
+
+
+def parse(variant: str, method: str = "sft") -> dict:
+    """A variant's settings; ``method`` is the harness's (``sft`` or ``dpo``), which decides the options it takes."""
     base, *options = variant.split("+")
     environment = dict(o[len("env."):].split("=", 1) for o in options if o.startswith("env.") and "=" in o)
     trees = [o[len("tree."):] for o in options if o.startswith("tree.")]
@@ -19,7 +24,7 @@ def parse(variant: str) -> dict:
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"}
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"} | (DPO_OPTIONS if method == "dpo" else set())
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or "" in trees or len(trees) > 1 or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
@@ -36,7 +41,7 @@ def parse(variant: str) -> dict:
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
         "unit_layers": int(units[0][4:]) if units else None, "replicated": "replicated" in options,
-        "environment": environment, "tree": trees[0] if trees else None,
+        "environment": environment, "tree": trees[0] if trees else None, "precompute": "precompute" in options,
     }
 
 

@@ -49,6 +49,8 @@ def trainer_fields(spec: dict, args, output_dir: Path) -> dict:
         fields["use_liger_kernel"] = True
     if args.packing:
         fields["packing"] = True
+    if spec["precompute"]:  # DPO: the reference's log-probabilities scored once before training, no reference in the step
+        fields["precompute_ref_log_probs"] = True
     if spec["fsdp"]:
         fields["fsdp"] = "full_shard"
         fields["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["Qwen3MoeDecoderLayer"]}
@@ -63,9 +65,10 @@ def saved_model(workdir: Path, config, dtype: torch.dtype) -> Path:
         from transformers import AutoModelForCausalLM
 
         torch.manual_seed(0)
-        with torch.device("cuda"):
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # the CPU: a dry run of the harness
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
         model.save_pretrained(folder)
         del model
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     return folder
