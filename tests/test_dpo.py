@@ -101,3 +101,27 @@ def test_resuming_on_ep2_continues_the_single_process_run_against_the_initial_re
     expected = weights(single)
     for key, tensor in weights(out).items():
         assert_close(tensor, expected[key], f"{key} after a resumed third step", rtol=1e-4)
+
+
+def test_compile_layers_compiles_the_reference_too_and_keeps_the_loss(run_file, tmp_path):
+    """The frozen reference's forward runs every step: under compile_layers its layers share the policy's compilation."""
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig
+
+    from halo_core.methods.dpo import HaloDPOTrainer
+
+    torch._dynamo.reset()
+    data = datasets.Dataset.from_list(uneven_rows("preference")[:4])
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(5)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+        args = DPOConfig(output_dir=str(tmp_path / str(compiled)), use_cpu=True, bf16=False, report_to="none", router_aux_loss_coef=0.0)
+        trainer = HaloDPOTrainer(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=data,
+                                 processing_class=AutoTokenizer.from_pretrained(TINY), compile_layers=compiled)
+        layers = trainer.ref_model.model.layers
+        assert all(hasattr(layer.forward, "__func__") and hasattr(layer.forward.__func__, "_torchdynamo_orig_callable") for layer in layers) == compiled
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+        losses[compiled] = trainer.compute_loss(trainer.model, batch).item()
+    assert losses[True] == pytest.approx(losses[False], rel=1e-5)

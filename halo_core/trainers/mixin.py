@@ -41,8 +41,11 @@ class DistributedTrainerMixin:
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
                  activation_memory_budget: float | None = None, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
+        reference = kwargs.get("ref_model")
+        if reference is not None:
+            kwargs["ref_model"] = reference = lay_out(reference, parallel_config or ParallelConfig())
         if compile_layers:
-            compile_decoder_layers(kwargs["model"], activation_memory_budget)
+            compile_decoder_layers(kwargs["model"], activation_memory_budget, frozen=reference)
         if kwargs.get("args") is not None:
             keep_experts_interface(kwargs["args"])
         self._halo_kahan = adamw_bf16_kahan

@@ -32,11 +32,14 @@ TP_UNSUPPORTED = "compile_layers does not work with tensor_parallel_size > 1 yet
 _OPTIONS = {"joint_custom_pre_pass": row_exchange.KeepExchangesForBackward()}
 
 
-def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | None = None) -> int:
+def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | None = None, *, frozen: nn.Module | None = None) -> int:
     """Compile each decoder layer's ``forward`` in place (on a laid-out model); return how many layers.
 
     ``activation_memory_budget`` (0 to 1) sets PyTorch's process-wide budget for what the
     compiled forward saves for backward: selective recomputation, cheapest operations first.
+    ``frozen``: a second laid-out model of the same architecture that only runs forward (a
+    preference method's reference policy), its layers under the same compilation (its no-grad
+    graph is one recompile); eager, its forward was a quarter of a DPO step on the 3B MoE.
     """
     if layout_of(model).dims.tp > 1:
         raise LayoutError(TP_UNSUPPORTED)
@@ -45,6 +48,9 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
     # The expert dispatch's received row count is data (row_exchange): traced, not a graph break.
     torch._dynamo.config.capture_dynamic_output_shape_ops = True
     layers = decoder_layers(model)
+    trained = len(layers)
+    if frozen is not None:
+        layers = layers + decoder_layers(frozen)
     if not layers:
         raise LayoutError(
             f"compile_layers: {type(model).__name__} names no decoder layer class in _no_split_modules, so Halo cannot "
@@ -63,4 +69,4 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
         if function not in compiled:
             compiled[function] = torch.compile(function, options=_OPTIONS)
         layer.forward = types.MethodType(compiled[function], layer)
-    return len(layers)
+    return trained
