@@ -1,4 +1,5 @@
-"""Refusals of the preference methods' own, before any process starts: one line, exit 2, under --dry-run."""
+"""Refusals of the preference methods' own, before any process starts: one line naming the field, the value
+and the fix (checked in process; one CLI run shows the exit path: exit 2, one line, under --dry-run)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,17 @@ from pathlib import Path
 import pytest
 
 from conftest import run_halo
+from halo_core.errors import ConfigError
+from halo_core.trainers.method import get_method
+from halo_core.trainers.run_checks import check_run
+from halo_core.trainers.run_config import load_run_config, parse_overrides
 
 CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
+
+
+def _check(method: str, overrides: list[str], config: Path | None = None) -> None:
+    path = config or CONFIGS / f"tiny-qwen3-moe-{method}.yaml"
+    check_run(load_run_config(method, get_method(method).config_class, path, parse_overrides(overrides)))
 
 
 @pytest.mark.parametrize(
@@ -21,18 +31,27 @@ CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
         ("smpo", ["--chosen_sft_ratio=1.5"], "chosen_sft_ratio=1.5 is refused by SMPOConfig"),
     ],
 )
-def test_an_impossible_value_is_one_line_before_start(method, overrides, says):
-    result = run_halo("launch", method, str(CONFIGS / f"tiny-qwen3-moe-{method}.yaml"), "--nproc", "2", "--dry-run", "--", *overrides)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert says in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+def test_an_impossible_value_is_refused_with_its_field(method, overrides, says):
+    with pytest.raises(ConfigError) as caught:
+        _check(method, overrides)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def _without_pairs(method: str, folder: Path) -> Path:
+    config = (CONFIGS / f"tiny-qwen3-moe-{method}.yaml").read_text().replace("../tiny/", f"{CONFIGS.parent / 'tiny'}/")
+    (folder / "run.yaml").write_text(config.replace("preference.jsonl", "arithmetic.jsonl"))
+    return folder / "run.yaml"
 
 
 @pytest.mark.parametrize("method", ["dpo", "smpo"])
-def test_data_without_the_methods_columns_is_refused_before_start(method, tmp_path):
-    config = (CONFIGS / f"tiny-qwen3-moe-{method}.yaml").read_text().replace("../tiny/", f"{CONFIGS.parent / 'tiny'}/")
-    (tmp_path / "run.yaml").write_text(config.replace("preference.jsonl", "arithmetic.jsonl"))
-    result = run_halo("launch", method, str(tmp_path / "run.yaml"), "--nproc", "2", "--dry-run")
-    assert result.returncode == 2, result.stdout + result.stderr
-    line = result.stderr.strip()
-    assert len(line.splitlines()) == 1
+def test_data_without_the_methods_columns_is_refused(method, tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        _check(method, [], _without_pairs(method, tmp_path))
+    line = str(caught.value)
     assert "arithmetic.jsonl' lacks 'chosen', 'rejected', which method" in line and "['completion', 'prompt']" in line and "columns: {old: new}" in line
+
+
+def test_the_launcher_refuses_it_in_one_line_before_start(tmp_path):
+    result = run_halo("launch", "dpo", str(_without_pairs("dpo", tmp_path)), "--nproc", "2", "--dry-run")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "lacks 'chosen', 'rejected'" in result.stderr and not result.stdout
