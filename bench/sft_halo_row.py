@@ -14,8 +14,9 @@ from pathlib import Path
 from sft_workload import WARMUP, trainer_fields
 
 
-def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "sft") -> list[str]:
-    """``halo launch METHOD`` over a YAML the harness writes (``method``: ``sft``, or ``dpo`` for ``dpo_vs_trl.py``)."""
+def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "sft", fields: dict | None = None) -> list[str]:
+    """``halo launch METHOD`` over a YAML the harness writes (``method``: ``sft``, or ``dpo`` for ``dpo_vs_trl.py``).
+    ``fields``: the method's own keys over the shared ones (``methods_vs_trl.py``); a key set to None is left out."""
     import yaml
 
     run = {
@@ -23,6 +24,11 @@ def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "s
         "expert_parallel_size": spec["ep"], **trainer_fields(spec, args, workdir / "out" / variant),
         "logging_steps": 1 if args.losses else args.halo_log_every,
     }
+    for key, value in (fields or {}).items():
+        if value is None:
+            run.pop(key, None)
+        else:
+            run[key] = value
     if spec["liger_moe"]:
         run["experts_implementation"] = "liger_moe"
     if spec["compile"]:

@@ -22,9 +22,11 @@ from sft_workload import HERE, saved_model
 ENTRY = HERE / "sft_vs_trl.py"
 
 
-def run_variant(variant: str, args, workdir: Path, entry: Path = ENTRY, method: str = "sft", sequences: int = 1) -> dict:
+def run_variant(variant: str, args, workdir: Path, entry: Path = ENTRY, method: str = "sft", sequences: int = 1,
+                fields: dict | None = None, worker_args: tuple[str, ...] = ()) -> dict:
     """One row in its own processes: ``halo launch METHOD`` for a Halo row, else ``entry --worker VARIANT``.
-    ``sequences``: sequences of ``--seq`` tokens per example (2 for a preference pair), for the step time."""
+    ``sequences``: sequences of ``--seq`` tokens per example (2 for a preference pair), for the step time.
+    ``fields``: the method's own keys in a Halo row's YAML (``halo_command``); ``worker_args``: more of the worker's arguments."""
     spec = parse(variant, method)
     if spec["tf_ep"]:
         from transformers import AutoConfig
@@ -32,11 +34,12 @@ def run_variant(variant: str, args, workdir: Path, entry: Path = ENTRY, method: 
         saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), torch.float32 if spec["fp32_weights"] else torch.bfloat16)
     env, cwd = row_process(spec, args.tree)
     if spec["halo"] and not args.profile:
-        command = halo_command(variant, spec, args, workdir, method)
+        command = halo_command(variant, spec, args, workdir, method, fields)
     else:
         script = [str(entry), "--worker", variant, "--workdir", str(workdir), "--seq", str(args.seq),
                   "--steps", str(args.steps), "--batch", str(args.batch), "--lr", str(args.lr),
                   "--halo-log-every", str(args.halo_log_every)]
+        script += list(worker_args)
         script += (["--profile", variant] if args.profile else []) + (["--memory"] if args.memory else []) + (["--losses"] if args.losses else []) + (["--packing"] if args.packing else [])
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
         command = launcher + script

@@ -11,12 +11,14 @@ import os
 from pathlib import Path
 
 
-#: Options only a preference method's rows take (``dpo_vs_trl.py``).
+#: Options only the rows of a method with a frozen reference take (``dpo_vs_trl.py``, ``methods_vs_trl.py``).
 DPO_OPTIONS = {"precompute"}
+#: The methods that keep a frozen reference policy, so take ``DPO_OPTIONS``.
+REFERENCE_METHODS = {"dpo", "kto"}
 
 
 def parse(variant: str, method: str = "sft") -> dict:
-    """A variant's settings; ``method`` is the harness's (``sft`` or ``dpo``), which decides the options it takes."""
+    """A variant's settings; ``method`` is the row's (``sft``, ``dpo``, ``kto``, ...), which decides the options it takes."""
     base, *options = variant.split("+")
     environment = dict(o[len("env."):].split("=", 1) for o in options if o.startswith("env.") and "=" in o)
     trees = [o[len("tree."):] for o in options if o.startswith("tree.")]
@@ -24,7 +26,7 @@ def parse(variant: str, method: str = "sft") -> dict:
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"} | (DPO_OPTIONS if method == "dpo" else set())
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"} | (DPO_OPTIONS if method in REFERENCE_METHODS else set())
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or "" in trees or len(trees) > 1 or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
