@@ -44,7 +44,11 @@ def run_variant(variant: str, args, workdir: Path, entry: Path = ENTRY, method: 
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"] if args.nproc > 1 else [sys.executable]
         command = launcher + script
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=args.timeout)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=args.timeout)
+    except subprocess.TimeoutExpired as expired:  # the row's failure, not the invocation's: the other rows still run
+        output = "".join(part.decode(errors="replace") if isinstance(part, bytes) else part or "" for part in (expired.stdout, expired.stderr))
+        return {"variant": variant, "error": f"timed out after {args.timeout} s; output's end: {output[-2000:]}"}
     if done.returncode:
         return {"variant": variant, "error": (done.stdout + done.stderr)[-2500:]}
     if spec["halo"] and not args.profile:
