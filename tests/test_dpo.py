@@ -12,8 +12,8 @@ import torch
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
 
-#: Each split on two ranks, and EP with CP on four (ring attention's CP is SFT's tests' concern: the pool is the same).
-LAYOUTS = {**TWO_RANKS, "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"])}
+#: Each split on two ranks (compositions and ring attention are SFT's tests' concern: the pool is the same code).
+LAYOUTS = TWO_RANKS
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_halo
 from halo_core.testing.compare import assert_close
 from launch_kit import COMMON, GLOBAL_BATCH, OPTIMIZERS, ROOT, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
 
@@ -142,12 +141,16 @@ ROW = {"prompt": "1 + 1 =", "completion": " 2", "label": True}
         ([ROW, {**ROW, "label": 1}], "row 2 has label=1, but kto needs a boolean label"),
     ],
 )
-def test_dry_run_refuses_bad_data_in_one_line(tmp_path, rows, message):
-    config = _unpaired(tmp_path, rows)
-    result = run_halo("launch", "kto", str(config), "--nproc", "2", "--dry-run", "--", f"--output_dir={tmp_path / 'out'}")
-    assert result.returncode == 2 and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
-    assert not (tmp_path / "out").exists()
+def test_bad_data_is_refused_in_one_line(tmp_path, rows, message):
+    """In process (the exit path, one line and exit 2 under --dry-run, is the CLI test's in test_classify)."""
+    from halo_core.errors import ConfigError
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+    from trl import KTOConfig
+
+    with pytest.raises(ConfigError) as caught:
+        check_run(load_run_config("kto", KTOConfig, _unpaired(tmp_path, rows), parse_overrides([])))
+    assert message in str(caught.value) and "\n" not in str(caught.value)
 
 
 @pytest.mark.parametrize(

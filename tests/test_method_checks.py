@@ -1,5 +1,6 @@
 """Refusals of the preference methods' own, before any process starts: one line naming the field, the value
-and the fix (checked in process; one CLI run shows the exit path: exit 2, one line, under --dry-run)."""
+and the fix, checked in process (the exit path, one line and exit 2 under --dry-run, is test_classify's CLI test).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_halo
 from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
 from halo_core.trainers.run_checks import check_run
@@ -49,9 +49,3 @@ def test_data_without_the_methods_columns_is_refused(method, tmp_path):
         _check(method, [], _without_pairs(method, tmp_path))
     line = str(caught.value)
     assert "arithmetic.jsonl' lacks 'chosen', 'rejected', which method" in line and "['completion', 'prompt']" in line and "columns: {old: new}" in line
-
-
-def test_the_launcher_refuses_it_in_one_line_before_start(tmp_path):
-    result = run_halo("launch", "dpo", str(_without_pairs("dpo", tmp_path)), "--nproc", "2", "--dry-run")
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "lacks 'chosen', 'rejected'" in result.stderr and not result.stdout
