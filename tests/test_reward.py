@@ -69,7 +69,7 @@ def test_cp_is_refused_before_start(run_file):
     from trl import RewardConfig
 
     run = load_run_config("reward", RewardConfig, run_file, parse_overrides(["--context_parallel_size=2"]))
-    with pytest.raises(ConfigError, match=re.escape("method 'reward' cannot train with cp=2 yet (it supports ['ep', 'etp', 'tp'])")):
+    with pytest.raises(ConfigError, match=re.escape("method 'reward' cannot train with cp=2 yet (it supports ['ep', 'etp', 'tp']); set context_parallel_size to 1")):
         check_layout(run, 2)
 
 

@@ -111,7 +111,7 @@ def test_a_split_the_method_cannot_feed_is_refused(monkeypatch, field, split):
 
     narrow = dataclasses.replace(method.get_method("sft"), splits=frozenset({"ep"}))  # a method whose trainer feeds EP only
     monkeypatch.setattr(method, "get_method", lambda name: narrow)
-    with pytest.raises(ConfigError, match=re.escape(f"method 'sft' cannot train with {split}=2 yet (it supports ['ep'])")):
+    with pytest.raises(ConfigError, match=re.escape(f"method 'sft' cannot train with {split}=2 yet (it supports ['ep']); set {field} to 1")):
         check_layout(load(["--expert_parallel_size=1", f"--{field}=2"]), 2)
 
 

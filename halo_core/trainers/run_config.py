@@ -176,7 +176,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     if beyond_method:
         raise ConfigError(
             f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
-            f"(it supports {sorted(method_splits)}); set those sizes to 1"
+            f"(it supports {sorted(method_splits)}); set {', '.join(RUN_FIELDS[s] for s in beyond_method)} to 1"
         )
     if run.halo.compile_layers and dims.tp > 1:
         from halo_core.trainers.parts.compile import TP_UNSUPPORTED
