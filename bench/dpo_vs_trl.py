@@ -43,8 +43,8 @@ from pathlib import Path
 
 import torch
 
-from sft_checks import checks_for
-from sft_report import matmul_rate, print_reports, with_mfu, write
+from sft_checks import start_measuring
+from sft_report import print_reports, with_mfu, write
 from sft_rows import alternated_rows
 from sft_trl_row import step_timer, write_row
 from sft_variants import parse, row_process
@@ -237,15 +237,7 @@ def main() -> None:
         return dpo_worker(args.worker, args, args.workdir)
     shape = prepare_pairs(args)
     print(f"pairs: {json.dumps(shape)}", flush=True)
-    gpu = torch.cuda.is_available()
-    rate = matmul_rate() if gpu else float("nan")  # a CPU run checks the harness, it measures nothing
-    if gpu:
-        torch.cuda.empty_cache()
-    config = json.loads(args.config.read_text())
-    print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
-    checks = checks_for(args.variants, args.config, args.profile) if gpu else {}
-    if checks:
-        print(f"kernel checks (relative error, bf16): {json.dumps(checks)}", flush=True)
+    rate, config, checks = start_measuring(args.variants, args.config, args.profile)
     results = []
     for row in alternated_rows([args.profile] if args.profile else args.variants, args, args.workdir, **HARNESS):
         row = with_dpo_mfu(row, config, args.seq, rate)

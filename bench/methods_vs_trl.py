@@ -49,8 +49,8 @@ from pathlib import Path
 import torch
 
 from dpo_vs_trl import check_pairs, dpo_worker, write_pairs
-from sft_checks import checks_for
-from sft_report import flops_per_token, matmul_rate, print_reports, write
+from sft_checks import start_measuring
+from sft_report import flops_per_token, print_reports, write
 from sft_rows import run_variant
 from sft_trl_row import step_timer, write_row
 from sft_variants import parse, row_process
@@ -333,15 +333,7 @@ def main() -> None:
         return stock_worker(args.worker, args, args.workdir)
     shapes = prepare_methods(args)
     print(f"workload: {json.dumps(shapes)}", flush=True)
-    gpu = torch.cuda.is_available()
-    rate = matmul_rate() if gpu else float("nan")  # a CPU run checks the harness, it measures nothing
-    if gpu:
-        torch.cuda.empty_cache()
-    config = json.loads(args.config.read_text())
-    print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
-    checks = checks_for(list(dict.fromkeys(v for _, v in args.plan)), args.config, None) if gpu else {}
-    if checks:
-        print(f"kernel checks (relative error, bf16): {json.dumps(checks)}", flush=True)
+    rate, config, checks = start_measuring(list(dict.fromkeys(v for _, v in args.plan)), args.config, None)
     results = []
     for repeat in range(args.repeats):
         for method, variant in args.plan:

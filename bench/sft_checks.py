@@ -79,3 +79,24 @@ def checks_for(variants: list[str], config_path: Path, profile: str | None) -> d
     if any("compile" in v for v in variants) and not profile:
         checks.update(check_compiled_layers(config_path))
     return checks
+
+
+def start_measuring(config_path: Path, variants: list[str], profile: str | None) -> tuple[float, dict, dict]:
+    """What every harness does before its rows: the bf16 matmul rate (for MFU), the model's config and the
+    kernel checks, each printed. On a CPU there is no rate and no check: the run checks the harness only."""
+    import json
+
+    import torch
+
+    from sft_report import matmul_rate
+
+    gpu = torch.cuda.is_available()
+    rate = matmul_rate() if gpu else float("nan")
+    if gpu:
+        torch.cuda.empty_cache()
+    config = json.loads(Path(config_path).read_text())
+    print(f"bf16 matmul rate: {rate / 1e12:.1f} TFLOP/s", flush=True)
+    checks = checks_for(variants, config_path, profile) if gpu else {}
+    if checks:
+        print(f"kernel checks (relative error, bf16): {json.dumps(checks)}", flush=True)
+    return rate, config, checks
