@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from halo_core.testing.compare import assert_close
-from launch_kit import COMMON, GLOBAL_BATCH, OPTIMIZERS, ROOT, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
 
-AUX = ["--router_aux_loss_coef=0.5"]  # after COMMON's 0.0, so it wins
+AUX = ["--router_aux_loss_coef=0.5"]  # after launch_kit.COMMON's 0.0, so it wins
 
 
 @pytest.fixture(scope="module")
