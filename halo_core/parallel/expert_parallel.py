@@ -47,6 +47,8 @@ class ExpertShard:
     #: Parameter name -> how it is split over the ETP ranks; ``etp_whole`` ones every ETP rank holds whole.
     etp_splits: dict = field(default_factory=dict)
     etp_whole: tuple[str, ...] = ()
+    #: Fused weight name -> its grouped LoRA (``halo_core.lora.grouped.ExpertLora``), applied in the grouped GEMM.
+    lora: dict = field(default_factory=dict)
 
 
 class LocalDispatch:

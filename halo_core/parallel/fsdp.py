@@ -25,13 +25,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
 from halo_core.parallel.config import ParallelDims
-from halo_core.parallel.mesh import DATA_DIMS
+from halo_core.parallel.mesh import DATA_DIMS, flat_name
 
 
 def data_parallel_mesh(mesh: DeviceMesh) -> DeviceMesh:
     """The 1-D mesh of every rank that holds a different part of the batch (data- and context-parallel);
     TP ranks hold the same part and keep their own column/row shards (FSDP2 x TP on a 2-D layout)."""
-    return mesh[DATA_DIMS]._flatten("_".join(DATA_DIMS))
+    return mesh[DATA_DIMS]._flatten(flat_name(DATA_DIMS))
 
 
 def expert_replica_mesh(mesh: DeviceMesh) -> DeviceMesh:

@@ -53,15 +53,20 @@ def _kinds(model: nn.Module, layout: ModelLayout):
             yield name, param, kind
 
 
-def _duplicated_over(kind: str, param: torch.Tensor, layout: ModelLayout) -> tuple[str, ...]:
+def _sharded(name: str, layout: ModelLayout) -> bool:
+    """Whether FSDP2 shards (and reduces) this parameter."""
+    return layout.fsdp and name not in layout.outside_fsdp
+
+
+def _duplicated_over(kind: str, param: torch.Tensor, layout: ModelLayout, sharded: bool) -> tuple[str, ...]:
     """Mesh dimensions along which ranks hold the same elements of this parameter's local tensor."""
     if kind == "dense":
         split = {"tp"} if _is_tp_shard(param) else set()
-        if layout.fsdp:
+        if sharded:
             split |= {"ep_replica", "cp", "ep", "etp"}
     else:
         split = {"ep"} | ({"etp"} if kind == "expert" else set())
-        if layout.fsdp:
+        if sharded:
             split |= {"ep_replica", "cp"}
     return tuple(d for d in MESH_DIMS if d not in split)
 
@@ -69,7 +74,7 @@ def _duplicated_over(kind: str, param: torch.Tensor, layout: ModelLayout) -> tup
 def replicated_dims(model: nn.Module) -> dict[str, tuple[str, ...]]:
     """Per trainable parameter: the mesh dimensions along which ranks must hold identical local tensors."""
     layout = layout_of(model)
-    return {name: _duplicated_over(kind, param, layout) for name, param, kind in _kinds(model, layout)}
+    return {name: _duplicated_over(kind, param, layout, _sharded(name, layout)) for name, param, kind in _kinds(model, layout)}
 
 
 @torch.no_grad()
@@ -90,15 +95,16 @@ def sync_gradients(model: nn.Module, *, divide: bool = True) -> float:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
         _all_reduce_sum([p.grad for p in partial], layout.group("tp"))
-    if not layout.fsdp:
-        for _, param, _ in params:
+    unsharded = [(name, p, kind) for name, p, kind in params if not _sharded(name, layout)]
+    if unsharded:
+        for _, param, _ in unsharded:
             if param.grad is None:  # every rank must join the collective, used or not
                 param.grad = torch.zeros_like(param)
         groups = {"dense": "dp", "expert": "expert_replicas", "expert_whole": "expert_whole"}
         for kind, group in groups.items():
-            _all_reduce_sum([p.grad for _, p, k in params if k == kind], layout.group(group))
-    elif layout.etp_whole:  # FSDP2 summed over the expert replicas; the ETP group's parts remain
-        whole = [p for _, p, kind in params if kind == "expert_whole"]
+            _all_reduce_sum([p.grad for _, p, k in unsharded if k == kind], layout.group(group))
+    if layout.fsdp and layout.etp_whole:  # FSDP2 summed over the expert replicas; the ETP group's parts remain
+        whole = [p for name, p, kind in params if kind == "expert_whole" and _sharded(name, layout)]
         for param in whole:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -122,11 +128,11 @@ def global_grad_norm(model: nn.Module) -> torch.Tensor:
     layout = layout_of(model)
     coords = layout.coordinates()
     owned, device = [], None
-    for _, param, kind in _kinds(model, layout):
+    for name, param, kind in _kinds(model, layout):
         if param.grad is None:
             continue
         device = param.grad.device
-        if not layout.is_distributed or all(coords[d] == 0 for d in _duplicated_over(kind, param, layout)):
+        if not layout.is_distributed or all(coords[d] == 0 for d in _duplicated_over(kind, param, layout, _sharded(name, layout))):
             owned.append(local(param.grad))
     # Fused over the list: a norm and a square per parameter left the GPU idle while the host looped.
     norms = torch._foreach_norm(owned, 2.0, dtype=torch.float32) if owned else ()

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from transformers.integrations import moe
 
+from halo_core.lora import grouped as lora
+from halo_core.parallel.layout_state import shard_of
 from halo_core.parallel.row_order import PermuteRows, inverse_permutation
 
 
@@ -44,13 +46,19 @@ def grouped_mm_received(experts: nn.Module, rows: torch.Tensor, expert_ids: torc
 
 
 def _expert_rows(experts: nn.Module, rows: torch.Tensor, ids: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
-    """Rows grouped by expert, ``per_expert`` each (``ids``: each row's expert), through their experts."""
+    """Rows grouped by expert, ``per_expert`` each (``ids``: each row's expert), through their experts
+    (with the grouped LoRA of each adapted weight, ``halo_core.lora.grouped``)."""
     offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
-    up, up_bias = (experts.gate_up_proj, "gate_up_proj_bias") if experts.has_gate else (experts.up_proj, "up_proj_bias")
-    out = moe._grouped_linear(rows, up, offsets, bias=_bias(experts, up_bias, ids), is_transposed=experts.is_transposed)
+    adapters = shard_of(experts).lora
+    up_name = "gate_up_proj" if experts.has_gate else "up_proj"
+    out = moe._grouped_linear(rows, getattr(experts, up_name), offsets, bias=_bias(experts, f"{up_name}_bias", ids), is_transposed=experts.is_transposed)
+    if up_name in adapters:
+        out = out + lora.delta(experts, adapters[up_name], up_name, rows, offsets)
     out = experts._apply_gate(out) if experts.has_gate else experts.act_fn(out)
-    out = moe._grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
-    return experts.post_expert_norm(out) if getattr(experts, "has_post_expert_norm", False) else out
+    down = moe._grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
+    if "down_proj" in adapters:
+        down = down + lora.delta(experts, adapters["down_proj"], "down_proj", out, offsets)
+    return experts.post_expert_norm(down) if getattr(experts, "has_post_expert_norm", False) else down
 
 
 def _bias(experts: nn.Module, name: str, ids: torch.Tensor):

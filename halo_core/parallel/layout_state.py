@@ -58,6 +58,11 @@ class ModelLayout:
     experts: Mapping[str, Any] = field(default_factory=dict)
     #: Module name -> ``ContextShard`` of every attention module run by ``halo_attention``.
     attention: Mapping[str, Any] = field(default_factory=dict)
+    #: Trainable parameters FSDP2 does not manage (adapters added after it): their gradients are summed by
+    #: ``sync_gradients`` as without FSDP.
+    outside_fsdp: frozenset[str] = frozenset()
+    #: The LoRA adapters on the model (``halo_core.lora.inject.Adapters``), or ``None``.
+    adapters: Any = None
     #: What the last ``load_into`` read on this rank: checkpoint key -> rows along dim 0 (``None``: whole).
     reads: dict = field(default_factory=dict)
 

@@ -11,6 +11,13 @@ from halo_core.parallel.config import ParallelDims
 MESH_DIMS = ("ep_replica", "cp", "ep", "etp", "tp")
 #: The dimensions whose ranks hold different samples (or, for ``cp``, different parts of one).
 DATA_DIMS = ("ep_replica", "cp", "ep", "etp")
+#: What their flattened mesh is called: FSDP2 shards over it, and the ecosystem (PEFT's adapter shapes, say)
+#: reads a DTensor on an ``fsdp`` dimension as whole for compute, on any other as a tensor-parallel shard.
+FSDP_DIM = "fsdp"
+
+
+def flat_name(names: tuple[str, ...]) -> str:
+    return FSDP_DIM if tuple(names) == DATA_DIMS else "_".join(names)
 
 
 def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:
@@ -31,4 +38,4 @@ def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:
 def flat_group(mesh: DeviceMesh, names: tuple[str, ...]):
     """Process group of the ranks that differ only along ``names`` (flattened sub-mesh)."""
     sub = mesh[names] if len(names) > 1 else mesh[names[0]]
-    return (sub._flatten("_".join(names)) if len(names) > 1 else sub).get_group()
+    return (sub._flatten(flat_name(names)) if len(names) > 1 else sub).get_group()

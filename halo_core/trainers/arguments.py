@@ -52,6 +52,9 @@ class HaloArguments:
     #: With ``compile_layers``: the share of the compiled layers' activations kept for backward (PyTorch's
     #: ``activation_memory_budget``); below 1.0 the backward recomputes the cheapest operations first.
     activation_memory_budget: float | None = None
+    #: With ``use_peft``: also write the adapter merged into its base, a plain HF checkpoint, to ``OUTPUT_DIR/merged``
+    #: (``halo export --merge`` does the same afterwards).
+    merge_adapter: bool = False
     #: With ``bf16: true``: keep a bf16 Kahan compensation buffer per parameter (fp32-like accuracy, +2 bytes/param).
     adamw_bf16_kahan: bool = False
 

@@ -173,4 +173,9 @@ class DistributedTrainerMixin:
             super()._load_rng_state(folder)
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        load_into(self.model, resume_from_checkpoint)
+        if layout_of(self.model).adapters is not None:
+            from halo_core.lora.peft_format import load_adapter
+
+            load_adapter(self.model, resume_from_checkpoint)  # the base is rebuilt as the run began; only adapters trained
+        else:
+            load_into(self.model, resume_from_checkpoint)

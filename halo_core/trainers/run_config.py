@@ -1,6 +1,7 @@
 """A run's configuration: one YAML file plus ``--field=value`` overrides, checked before any process starts.
 
-Keys are Halo's own (``HaloArguments``) or the method's TRL/transformers config fields.
+Keys are Halo's own (``HaloArguments``), the method's TRL/transformers config fields, or TRL's
+``ModelConfig`` LoRA fields (``use_peft``, ``lora_r``, ...: ``halo_core.lora.settings``).
 Unknown keys (with the closest valid key), wrong types, missing data, and impossible
 parallel layouts (degrees against the world size, experts against ``ep``, splits the
 model's family does not declare) are refused with a ``ConfigError`` naming the key.
@@ -37,15 +38,17 @@ class RunConfig:
     #: Fields of the method's TRL/transformers config, validated, ready for ``config_class(**trainer)``.
     trainer: dict[str, Any]
     source: str
+    #: TRL ``ModelConfig`` fields the run sets (LoRA and quantisation), validated; ``{}`` trains every weight.
+    peft: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return {"method": self.method, "halo": dataclasses.asdict(self.halo), "trainer": self.trainer, "source": self.source}
+        return {"method": self.method, "halo": dataclasses.asdict(self.halo), "trainer": self.trainer, "source": self.source, "peft": self.peft}
 
     @classmethod
     def from_json(cls, data: dict) -> "RunConfig":
         halo = dict(data["halo"])
         halo["dataset"] = [DatasetSource(**d) for d in halo["dataset"]]
-        return cls(data["method"], HaloArguments(**halo), data["trainer"], data["source"])
+        return cls(data["method"], HaloArguments(**halo), data["trainer"], data["source"], data.get("peft", {}))
 
 
 def parse_overrides(tokens: list[str]) -> dict[str, Any]:
@@ -124,10 +127,13 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
         raise ConfigError(f"{where} must be a mapping of field: value")
     merged = {**raw, **(overrides or {})}
 
+    from halo_core.lora import settings as lora_settings
+
     halo_hints = _type_hints(HaloArguments)
     trainer_hints = _type_hints(config_class)
     trainer_hints.update({k: t for k, t in _WIDER_TYPES.items() if k in trainer_hints})
-    known = set(halo_hints) | set(trainer_hints)
+    peft_hints = {k: t for k, t in lora_settings.type_hints().items() if k not in trainer_hints and k not in halo_hints}
+    known = set(halo_hints) | set(trainer_hints) | set(peft_hints)
     for key in merged:
         _check_key(key, known, where)
     for key in ("model_name_or_path", "dataset"):
@@ -146,7 +152,8 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     trainer = {k: v for k, v in merged.items() if k in trainer_hints and k not in halo_hints}
     for key, value in trainer.items():
         trainer[key] = _check_value(key, value, trainer_hints[key], where)
-    return RunConfig(method, HaloArguments(**halo_fields), trainer, where)
+    peft = {k: _check_value(k, v, peft_hints[k], where) for k, v in merged.items() if k in peft_hints}
+    return RunConfig(method, HaloArguments(**halo_fields), trainer, where, peft)
 
 
 def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:

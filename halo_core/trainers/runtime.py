@@ -89,6 +89,7 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     tokenizer = build_tokenizer(run.halo)
     labels = num_labels(args) if num_labels is not None else None
     model = build_model(run.halo, args, parallel, labels, tokenizer.pad_token_id if labels is not None else None)
+    model = with_adapters(model, run, args, parallel, tokenizer)
     if reference is not None and reference(args):
         from halo_core.parallel.fsdp import reshard_all
 
@@ -109,3 +110,40 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     )
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
+    if run.halo.merge_adapter and run.peft.get("use_peft"):
+        from halo_core.lora.merge import merge
+        from halo_core.trainers.parts import checkpoint
+
+        if checkpoint.rank() == 0:
+            merge(args.output_dir, os.path.join(args.output_dir, "merged"))
+        checkpoint.barrier()
+
+
+def base_model_path(run, args) -> str:
+    """What a LoRA run's adapter names as its base: the model folder (absolute) or hub id, or for a randomly
+    initialised model the copy of its initial weights the run writes to ``OUTPUT_DIR/base``."""
+    if run.halo.random_init:
+        return os.path.abspath(os.path.join(args.output_dir, "base"))
+    path = run.halo.model_name_or_path
+    return os.path.abspath(path) if os.path.isdir(path) else path
+
+
+def with_adapters(model, run, args, parallel, tokenizer):
+    """The model laid out with its LoRA adapters when the run sets ``use_peft`` (TRL's keys), else unchanged."""
+    from halo_core.lora import settings
+
+    config = settings.lora_config(run.peft)
+    if config is None:
+        return model
+    from halo_core.lora.inject import add_adapters
+    from halo_core.trainers.parts import checkpoint
+    from halo_core.trainers.parts.layout import lay_out
+
+    model = lay_out(model, parallel)
+    base = base_model_path(run, args)
+    add_adapters(model, config, args.seed, base)
+    if run.halo.random_init:  # the adapter's base must be loadable: its weights exist nowhere else
+        checkpoint.save_model(model, base, tokenizer, base=True)
+    if getattr(args, "activation_checkpointing", False):
+        model.enable_input_require_grads()  # checkpointed layers whose inputs need no gradient would pass none back (TRL does the same)
+    return model

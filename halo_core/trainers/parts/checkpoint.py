@@ -28,6 +28,7 @@ import torch.distributed as dist
 from transformers.trainer_utils import rotate_checkpoints
 
 from halo_core.parallel import optimizer_state
+from halo_core.parallel.layout_state import layout_of
 from halo_core.parallel.loading import CheckpointError
 from halo_core.parallel.state_dict import full_state_dict
 
@@ -45,14 +46,24 @@ def barrier() -> None:
         dist.barrier()
 
 
-def save_model(model, folder: str | Path, processing_class=None) -> None:
-    """Every rank calls this; rank 0 writes ``folder`` so that it loads with ``from_pretrained``."""
-    state = full_state_dict(model)
+def save_model(model, folder: str | Path, processing_class=None, *, base: bool = False) -> None:
+    """Every rank calls this; rank 0 writes ``folder`` so that it loads with ``from_pretrained``, or, for a model
+    with LoRA adapters, with ``PeftModel.from_pretrained`` over its base (``base=True``: the frozen base itself)."""
+    from halo_core.lora import peft_format
+
+    adapters = layout_of(model).adapters
+    if adapters is None:
+        state = full_state_dict(model)
+    else:
+        state = peft_format.base_state(model) if base else peft_format.adapter_state(model)
     folder = Path(folder)
     if rank() == 0:
         staging = folder.parent / f".{folder.name}.{STAGING_PREFIX}{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
-        model.save_pretrained(staging, state_dict=state)
+        if adapters is not None and not base:
+            peft_format.write_adapter(model, state, staging)
+        else:
+            model.save_pretrained(staging, state_dict=state)
         if processing_class is not None:
             processing_class.save_pretrained(staging)
         publish(staging, folder)
@@ -62,7 +73,7 @@ def save_model(model, folder: str | Path, processing_class=None) -> None:
 def publish(staging: Path, folder: Path) -> None:
     """Move the staged files into ``folder`` (kept if it exists, e.g. a run folder with checkpoints), config last."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = sorted(staging.iterdir(), key=lambda p: p.name == "config.json")
+    files = sorted(staging.iterdir(), key=lambda p: p.name in ("config.json", "adapter_config.json"))
     for path in files:
         os.replace(path, folder / path.name)
     staging.rmdir()

@@ -1,0 +1,212 @@
+"""Adapters on a laid-out model: stock PEFT on dense modules, the grouped LoRA on fused experts, the base frozen.
+
+Added after ``parallelize``, so a model read straight into its layout (``from_pretrained``) and one built from
+its config get them the same way. Stock PEFT wraps the dense ``nn.Linear`` targets in place (their base
+weights stay in their FSDP2 units); the adapters themselves are small and kept whole on every rank that
+computes with them, outside FSDP2, their gradients summed like the non-FSDP path's (``grads``). Initial
+values are PEFT's: the same generator, reset to the run's seed, drawn in PEFT's order (dense targets,
+then fused parameters in module order), every rank drawing every expert's adapter and keeping its own,
+so any layout starts from the one-process adapter.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from halo_core.errors import HaloError
+from halo_core.lora import grouped
+from halo_core.parallel.expert_tensor_parallel import take_slice
+from halo_core.parallel.layout_state import attach, layout_of, register_shard, shard_of
+
+
+class LoraError(HaloError):
+    """LoRA targets or settings that cannot apply to this model or layout; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """What ``add_adapters`` put on a model (kept in its layout): the config, and the names of what trains."""
+
+    config: object  # peft.LoraConfig
+    #: Experts module name -> the fused weights it adapts, in the module's order (PEFT nests them so).
+    experts: dict
+    #: Names (``named_parameters``) of stock PEFT's dense adapter weights.
+    dense: frozenset
+    #: Names of parameters trained whole (``lora_modules_to_save``, a sequence-classification head).
+    whole: frozenset
+    #: What ``adapter_config.json`` names as the base (a folder or a hub id).
+    base_model: str | None = None
+
+
+@dataclass(frozen=True)
+class Targets:
+    dense: object  # a LoraConfig for stock PEFT (target_modules only), or None
+    experts: dict  # experts module name -> fused weight names
+    modules_to_save: tuple
+    #: Every targeted parameter (fused or not), in the order PEFT adapts them (which fixes the initial values).
+    parameters: tuple = ()
+
+
+def is_experts(module: nn.Module) -> bool:
+    """A transformers experts module (``@use_experts_implementation``) with fused 3-D weights."""
+    return hasattr(module, "is_transposed") and hasattr(type(module).forward, "__wrapped__") and any(
+        p.dim() == 3 for p in module.parameters(recurse=False))
+
+
+def plan_targets(model: nn.Module, config) -> Targets:
+    """Split ``config``'s targets into stock PEFT's and the grouped LoRA's (fused expert weights).
+
+    ``config`` is first converted as PEFT converts it for transformers 5's fused MoE layouts (``all-linear``
+    and v4 projection names such as ``gate_proj`` become fused ``target_parameters`` plus the router's
+    weight, with ``rank_pattern`` for fused pairs); the caller keeps the converted config, as PEFT does."""
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers, get_model_conversion_mapping
+
+    if getattr(config, "use_dora", False):
+        raise LoraError("use_dora: DoRA is not supported on Halo's layouts; set use_dora: false")
+    modules = config.target_modules
+    listed = [modules] if isinstance(modules, str) else list(modules or [])
+    if "lm_head" in listed:
+        raise LoraError("lora_target_modules: 'lm_head' cannot take an adapter (the loss reads lm_head.weight directly, as in TRL); remove it")
+    expert_modules = {name: m for name, m in model.named_modules() if is_experts(m)}
+    fused = {f"{name}.{p}" for name, m in expert_modules.items() for p, t in m.named_parameters(recurse=False) if t.dim() == 3}
+    for target in listed:
+        if target != "all-linear" and any(key == target or key.endswith("." + target) for key in fused):
+            raise LoraError(
+                f"lora_target_modules: {target!r} is a fused expert parameter, not a module; list it under "
+                f"lora_target_parameters (e.g. mlp.experts.gate_up_proj) instead")
+    try:
+        convert_peft_config_for_transformers(config, model=model, conversions=get_model_conversion_mapping(model))
+    except ValueError as exc:
+        raise LoraError(f"lora_target_modules={modules!r}: {' '.join(str(exc).split())}") from None
+    wanted = sorted(config.target_parameters or [])
+    order = []  # PEFT's order: modules as named_modules yields them, each one's parameters as registered
+    for module_name, module in model.named_modules():
+        for param_name, _ in module.named_parameters(recurse=False):
+            key = f"{module_name}.{param_name}"
+            if any(key == t or key.endswith("." + t) for t in wanted):
+                order.append(key)
+    for target in wanted:
+        if not any(key == target or key.endswith("." + target) for key in order):
+            raise LoraError(f"lora_target_parameters: {target!r} matches no parameter of {type(model).__name__} "
+                            f"(its fused expert weights: {sorted({'.'.join(k.rsplit('.', 3)[-3:]) for k in fused}) or 'none'})")
+    experts: dict[str, list[str]] = {}
+    for key in order:
+        if key in fused:
+            experts.setdefault(key.rsplit(".", 1)[0], []).append(key.rsplit(".", 1)[1])
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+    dense = None
+    remaining = config.target_modules
+    # No lora_target_modules: PEFT's default modules for the model type (beside any fused targets, as PEFT does).
+    if remaining or (modules is None and (model.config.model_type in DEFAULTS or not order)):
+        dense = dataclasses.replace(config, target_parameters=None, modules_to_save=None)
+    return Targets(dense, experts, tuple(config.modules_to_save or ()), tuple(order))
+
+
+def inject_dense(model: nn.Module, dense_config) -> None:
+    from peft import inject_adapter_in_model
+
+    try:
+        inject_adapter_in_model(dense_config, model)
+    except ValueError as exc:  # PEFT: targets not found, or a module it cannot adapt
+        raise LoraError(f"lora_target_modules={dense_config.target_modules!r}: {' '.join(str(exc).split())}") from None
+
+
+def _ensure_shard(experts: nn.Module):
+    """The experts' ``ExpertShard``; outside EP a one-rank shard, so the grouped LoRA runs in ``halo_ep``'s grouped GEMM."""
+    from halo_core.parallel.expert_parallel import ExpertShard, LocalDispatch, _inner_implementation, count_experts
+
+    shard = shard_of(experts)
+    if shard is None:
+        total = count_experts(experts)
+        shard = ExpertShard(0, total, total, 1, LocalDispatch(), _inner_implementation(experts))
+        register_shard(experts, shard)
+    return shard
+
+
+def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = None) -> Adapters:
+    """Freeze the laid-out ``model`` and add ``config``'s adapters (PEFT's initial values, from ``seed``);
+    ``base_model``: what the saved adapter names as its base."""
+    from halo_core.parallel import grouped_experts
+    from halo_core.parallel.expert_parallel import IMPLEMENTATION
+
+    layout = layout_of(model)
+    if layout.dims.tp > 1:
+        raise LoraError("use_peft with tensor_parallel_size > 1 is not supported yet (the adapters would need TP's column/row split); set tensor_parallel_size: 1")
+    config = copy.deepcopy(config)
+    targets = plan_targets(model, config)
+    model.requires_grad_(False)
+    torch.manual_seed(seed)
+    if targets.dense is not None:
+        inject_dense(model, targets.dense)
+    expert_names, whole_grad, shards = set(), set(), {}
+    for key in targets.parameters:
+        module_name, weight = key.rsplit(".", 1)
+        if module_name not in targets.experts:  # a plain parameter (the router's weight): stock PEFT's ParamWrapper
+            inject_dense(model, dataclasses.replace(config, target_modules=[], target_parameters=[key], modules_to_save=None))
+            continue
+        experts = model.get_submodule(module_name)
+        shard = shards.get(module_name) or _ensure_shard(experts)
+        if not grouped_experts.handles(experts, shard.inner):
+            raise LoraError(f"LoRA on {module_name}'s fused experts runs in the grouped GEMM; set experts_implementation: grouped_mm "
+                            f"(it is {experts.config._experts_implementation!r})")
+        shards[module_name] = shard
+        r, alpha = _rank_and_alpha(config, key)
+        out_features, in_features = grouped.global_dims(experts, weight, shard)
+        a, b = grouped.peft_initial(shard.num_experts, r, in_features, out_features, config.init_lora_weights)
+        splits, whole = grouped.adapter_splits(experts, weight, shard)
+        dtype, device = getattr(experts, weight).dtype, getattr(experts, weight).device
+        for name, value in zip(grouped.names(weight), (a, b)):
+            value = value[shard.first : shard.first + shard.count]
+            if name in splits:
+                value = take_slice(value, splits[name], shard.etp_rank, shard.etp_size)
+            experts.register_parameter(name, nn.Parameter(value.to(device=device, dtype=dtype).contiguous()))
+            expert_names.add(f"{module_name}.{name}")
+        shard.etp_splits.update(splits)
+        if whole:
+            whole_grad.add(f"{module_name}.{whole}")
+        scaling = alpha / (r ** 0.5 if config.use_rslora else r)
+        shard.lora[weight] = grouped.ExpertLora(scaling, nn.Dropout(config.lora_dropout) if config.lora_dropout else nn.Identity())
+    dense = frozenset(n for n, p in model.named_parameters() if p.requires_grad) - expert_names
+    if shards:
+        for name, module in model.named_modules():  # halo_ep runs every experts module: each needs its shard
+            if is_experts(module):
+                shards.setdefault(name, _ensure_shard(module))
+        model.set_experts_implementation(IMPLEMENTATION)
+    trained_whole = _train_whole(model, targets.modules_to_save)
+    adapters = Adapters(config, dict(targets.experts), dense, frozenset(trained_whole), base_model)
+    attach(model, dataclasses.replace(
+        layout, expert_params=layout.expert_params | expert_names, etp_whole=layout.etp_whole | whole_grad,
+        outside_fsdp=layout.outside_fsdp | dense | expert_names, experts={**layout.experts, **shards}, adapters=adapters))
+    return adapters
+
+
+def _rank_and_alpha(config, key: str) -> tuple[int, float]:
+    """``r`` and ``lora_alpha`` for one target as PEFT reads them (``rank_pattern`` / ``alpha_pattern`` first)."""
+    from peft.utils.other import get_pattern_key
+
+    r = config.rank_pattern.get(get_pattern_key(config.rank_pattern.keys(), key), config.r)
+    alpha = config.alpha_pattern.get(get_pattern_key(config.alpha_pattern.keys(), key), config.lora_alpha)
+    return r, alpha
+
+
+def _train_whole(model: nn.Module, modules: tuple) -> set[str]:
+    """``lora_modules_to_save`` (and a sequence-classification head, as PEFT's SEQ_CLS adds it) trained in place."""
+    wanted = set(modules)
+    if hasattr(model, "score") and isinstance(model.score, nn.Module):
+        wanted.add("score")
+    names = set()
+    for target in sorted(wanted):
+        hits = [n for n, _ in model.named_modules() if n == target or n.endswith("." + target)]
+        if not hits:
+            raise LoraError(f"lora_modules_to_save: {target!r} matches no module of {type(model).__name__}")
+        for hit in hits:
+            for name, param in model.get_submodule(hit).named_parameters():
+                param.requires_grad_(True)
+                names.add(f"{hit}.{name}")
+    return names
