@@ -27,7 +27,8 @@ class ExpertLora:
     """How one fused weight's adapter applies (``ExpertShard.lora`` maps the weight's name to it)."""
 
     scaling: float
-    dropout: nn.Module
+    #: Dropout on the adapter's input, while the experts module trains (``module.training``, so ``eval()`` turns it off).
+    dropout: float = 0.0
 
 
 def names(weight: str) -> tuple[str, str]:
@@ -88,5 +89,7 @@ def adapter_splits(experts: nn.Module, weight: str, shard) -> tuple[dict[str, In
 def delta(experts: nn.Module, spec: ExpertLora, weight: str, rows: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """``s * B_e A_e dropout(x)`` for rows grouped by expert (``offsets``: the groups' ends)."""
     a_name, b_name = names(weight)
-    low = moe._grouped_linear(spec.dropout(rows), getattr(experts, a_name).to(rows.dtype), offsets)
+    if spec.dropout and experts.training:
+        rows = nn.functional.dropout(rows, spec.dropout)
+    low = moe._grouped_linear(rows, getattr(experts, a_name).to(rows.dtype), offsets)
     return moe._grouped_linear(low, getattr(experts, b_name).to(rows.dtype), offsets) * spec.scaling

@@ -117,6 +117,18 @@ def inject_dense(model: nn.Module, dense_config) -> None:
         raise LoraError(f"lora_target_modules={dense_config.target_modules!r}: {' '.join(str(exc).split())}") from None
 
 
+def inject_parameter(model: nn.Module, config, key: str) -> None:
+    """A plain targeted parameter (the router's weight) through stock PEFT's ``ParamWrapper``; without dropout,
+    which it cannot apply (its delta is added to the weight): stock PEFT refuses the run instead (TRL's
+    default ``lora_dropout`` is 0.05), Halo keeps dropout on every other adapter."""
+    from peft import inject_adapter_in_model
+
+    try:
+        inject_adapter_in_model(dataclasses.replace(config, target_modules=[], target_parameters=[key], modules_to_save=None, lora_dropout=0.0), model)
+    except ValueError as exc:
+        raise LoraError(f"lora_target_parameters: {key}: {' '.join(str(exc).split())}") from None
+
+
 def _ensure_shard(experts: nn.Module):
     """The experts' ``ExpertShard``; outside EP a one-rank shard, so the grouped LoRA runs in ``halo_ep``'s grouped GEMM."""
     from halo_core.parallel.expert_parallel import ExpertShard, LocalDispatch, _inner_implementation, count_experts
@@ -147,8 +159,8 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
     expert_names, whole_grad, shards = set(), set(), {}
     for key in targets.parameters:
         module_name, weight = key.rsplit(".", 1)
-        if module_name not in targets.experts:  # a plain parameter (the router's weight): stock PEFT's ParamWrapper
-            inject_dense(model, dataclasses.replace(config, target_modules=[], target_parameters=[key], modules_to_save=None))
+        if module_name not in targets.experts:
+            inject_parameter(model, config, key)
             continue
         experts = model.get_submodule(module_name)
         shard = shards.get(module_name) or _ensure_shard(experts)
@@ -171,7 +183,7 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
         if whole:
             whole_grad.add(f"{module_name}.{whole}")
         scaling = alpha / (r ** 0.5 if config.use_rslora else r)
-        shard.lora[weight] = grouped.ExpertLora(scaling, nn.Dropout(config.lora_dropout) if config.lora_dropout else nn.Identity())
+        shard.lora[weight] = grouped.ExpertLora(scaling, config.lora_dropout)
     dense = frozenset(n for n, p in model.named_parameters() if p.requires_grad) - expert_names
     if shards:
         for name, module in model.named_modules():  # halo_ep runs every experts module: each needs its shard

@@ -68,6 +68,9 @@ def write_adapter(model: nn.Module, state: dict[str, torch.Tensor], folder: Path
     config = copy.copy(adapters.config)
     config.base_model_name_or_path = adapters.base_model
     config.inference_mode = True
+    if config.target_parameters:
+        # PEFT's ParamWrapper refuses any lora_dropout, also when loading for inference, where dropout does nothing.
+        config.lora_dropout = 0.0
     if hasattr(model, "score"):
         config.task_type = "SEQ_CLS"
     config.save_pretrained(str(folder))

@@ -160,7 +160,11 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
                 )
             # Groups may be cut otherwise on this layout (transformers gives each device mesh its own group):
             # what matters is that this group's parameters were stored with one set of hyper-parameters.
-            stored_hypers = {i: {k: v for k, v in manifest["param_groups"][i].items() if k != "params"} for i in {stored_group[n] for n in group_names}}
+            origins = {stored_group[n] for n in group_names}
+            if not origins:  # an empty group (transformers' no-decay group when only adapters train): a stored empty one
+                empty = [i for i, g in enumerate(manifest["param_groups"]) if not g["params"] and i not in sources]
+                origins = {empty[0] if empty else 0}
+            stored_hypers = {i: {k: v for k, v in manifest["param_groups"][i].items() if k != "params"} for i in origins}
             stored = next(iter(stored_hypers.values()))
             if any(h != stored for h in stored_hypers.values()):
                 raise CheckpointError(

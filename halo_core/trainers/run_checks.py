@@ -65,6 +65,9 @@ def check_run(run: RunConfig) -> None:
     check_columns(run, method.columns)
     if method.check is not None:
         method.check(run, args)
+    from halo_core.lora.checks import check_lora
+
+    check_lora(run)
 
 
 def check_model_source(run: RunConfig) -> None:

@@ -73,12 +73,13 @@ def build_reference(halo: HaloArguments, args, parallel: ParallelConfig):
     return reference.eval()
 
 
-def train(run, trainer_class, config_class, *, reference=None, num_labels=None, **trainer_kwargs) -> None:
+def train(run, trainer_class, config_class, *, reference=None, num_labels=None, **trainer_kwargs):
     """The road every method's worker takes: the method's config, the model (and a reference policy
     where the method keeps one), the trainer over the run's data, ``train`` (resuming where asked), the result.
 
     ``reference(args)``: whether the method keeps a frozen reference policy under these arguments.
     ``num_labels(args)``: a sequence-classification model with that many outputs (reward, classify).
+    Returns the trainer (its model is the trained, laid-out one).
     """
     from halo_core.trainers.parts.data import load_sources
     from halo_core.trainers.parts.layout import lay_out
@@ -117,6 +118,7 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
         if checkpoint.rank() == 0:
             merge(args.output_dir, os.path.join(args.output_dir, "merged"))
         checkpoint.barrier()
+    return trainer
 
 
 def base_model_path(run, args) -> str:

@@ -15,6 +15,8 @@ from halo_core.errors import ConfigError
 FIELD = "resume_from_checkpoint"
 #: What a checkpoint folder must hold for Halo to resume from it (the weights as load_into reads them).
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+#: What a LoRA run's checkpoint holds instead (its base is rebuilt as the run began).
+ADAPTER_WEIGHTS = ("adapter_model.safetensors",)
 STATE = "trainer_state.json"
 
 
@@ -42,8 +44,9 @@ def check_resume(run) -> None:
     if not folder.is_dir():
         raise ConfigError(f"{run.source}: {FIELD} {str(value)!r} does not exist; {fix}")
     missing = [] if (folder / STATE).is_file() else [STATE]
-    if not any((folder / name).is_file() for name in WEIGHTS):
-        missing.append(" or ".join(WEIGHTS))
+    weights = ADAPTER_WEIGHTS if run.peft.get("use_peft") else WEIGHTS
+    if not any((folder / name).is_file() for name in weights):
+        missing.append(" or ".join(weights))
     if missing:
         raise ConfigError(f"{run.source}: {FIELD} {str(value)!r} is not a checkpoint (it has no {' and no '.join(missing)}); {fix}")
     if checkpoint.pickled_optimizer(folder):

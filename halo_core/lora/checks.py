@@ -1,0 +1,75 @@
+"""A LoRA run's refusals before any process starts: each one line naming the key, the value and the fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from halo_core.errors import ConfigError
+from halo_core.lora import settings
+
+
+def check_lora(run) -> None:
+    fields = run.peft
+    if not fields.get("use_peft"):
+        return
+    where = run.source
+    for key in ("load_in_4bit", "load_in_8bit"):
+        if fields.get(key):
+            if not torch.cuda.is_available():
+                raise ConfigError(f"{where}: {key}: true quantises the frozen base with bitsandbytes on a GPU, and this machine has none; set {key}: false")
+            raise ConfigError(f"{where}: {key}: true (QLoRA) is not supported by Halo yet: the base stays in the run's dtype; set {key}: false")
+    r = fields.get("lora_r", 16)
+    if r < 1:
+        raise ConfigError(f"{where}: lora_r={r} must be a positive integer (the adapters' rank), e.g. 16")
+    dropout = fields.get("lora_dropout", 0.05)
+    if not 0 <= dropout < 1:
+        raise ConfigError(f"{where}: lora_dropout={dropout} must be in [0, 1), e.g. 0.0 or 0.05")
+    if fields.get("use_dora"):
+        raise ConfigError(f"{where}: use_dora: true (DoRA) is not supported on Halo's layouts; set use_dora: false")
+    if run.halo.tensor_parallel_size > 1:
+        raise ConfigError(f"{where}: use_peft with tensor_parallel_size={run.halo.tensor_parallel_size} is not supported yet (adapters are "
+                          f"not split column/row-wise); set tensor_parallel_size: 1 (expert, context and expert-tensor parallelism work)")
+    try:
+        config = settings.lora_config(fields)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{where}: the LoRA keys do not make a peft.LoraConfig: {' '.join(str(exc).split())}") from None
+    model = _meta_model(run)
+    if model is not None:
+        _check_targets(run, model, config)
+
+
+def _meta_model(run):
+    """The run's model with no memory behind it (parameters on the meta device), to match targets against."""
+    from transformers import AutoConfig
+
+    from halo_core.parallel.loading import model_class_for
+
+    folder = Path(run.halo.model_name_or_path)
+    if not (folder / "config.json").exists():
+        return None  # a hub id: the worker checks when it loads
+    hf_config = AutoConfig.from_pretrained(folder)
+    extra = {"experts_implementation": run.halo.experts_implementation} if run.halo.experts_implementation else {}
+    with torch.device("meta"):
+        return model_class_for(hf_config).from_config(hf_config, **extra)
+
+
+def _check_targets(run, model, config) -> None:
+    from halo_core.lora.inject import LoraError, inject_dense, inject_parameter, plan_targets
+
+    config = copy.deepcopy(config)
+    try:
+        targets = plan_targets(model, config)
+        if targets.dense is not None:
+            inject_dense(model, targets.dense)
+        for key in targets.parameters:
+            if key.rsplit(".", 1)[0] not in targets.experts:
+                inject_parameter(model, config, key)
+    except LoraError as exc:
+        raise ConfigError(f"{run.source}: {exc}") from None
+    implementation = run.halo.experts_implementation
+    if targets.experts and implementation not in (None, "grouped_mm"):
+        raise ConfigError(f"{run.source}: experts_implementation={implementation!r}: LoRA on fused experts runs in the grouped GEMM; "
+                          f"set experts_implementation: grouped_mm (or leave it empty)")

@@ -1,0 +1,142 @@
+"""LoRA on the tiny MoE with TRL's keys (``all-linear``: attention, router and every fused expert, as PEFT reads it).
+
+Every split LoRA declares against one process (losses within 1e-5, adapter weights after SGD steps within
+1e-4, uneven lengths); one process against stock TRL + PEFT ``target_parameters``; only adapters train;
+PEFT's loader and the merged export reproduce the trained model; an EP2 resume continues exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from halo_core.testing.compare import assert_close
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, write_run
+
+LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
+#: LoRA under data parallelism alone (FSDP2 over both ranks), and each split it declares (TP is refused before start).
+LAYOUTS = {"dp2": (2, []), **{k: v for k, v in TWO_RANKS.items() if k != "tp2"}}
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("lora"), "completion", LORA)
+
+
+@pytest.fixture(scope="module")
+def single(run_file):
+    return launch("sft", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"])
+
+
+def adapter(out) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "adapter_model.safetensors"))
+
+
+def test_the_adapter_reaches_attention_router_and_every_expert(single):
+    keys = adapter(single)
+    for part in ("self_attn.q_proj.lora_A", "self_attn.o_proj.lora_B", "mlp.gate.lora_A", "mlp.experts.lora_A", "mlp.experts.base_layer.lora_B"):
+        assert any(part in key for key in keys), part
+    config = json.loads((single / "adapter_config.json").read_text())
+    assert sorted(config["target_parameters"]) == ["down_proj", "gate.weight", "gate_up_proj"]
+    # gate_proj and up_proj fuse into gate_up_proj: PEFT doubles its rank (and alpha) to keep each half's
+    experts_a = next(v for k, v in keys.items() if k.endswith("layers.0.mlp.experts.base_layer.lora_A.weight"))
+    assert experts_a.shape == (8 * 8, 64)  # 8 experts x rank 8, hidden 64
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_logs_the_single_process_losses_and_ends_on_its_adapter(single, run_file, tmp_path, name):
+    nproc, layout = LAYOUTS[name]
+    out = launch("sft", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
+    assert len(logged(single, "loss")) == STEPS
+    assert logged(out, "loss") == pytest.approx(logged(single, "loss"), abs=1e-5, rel=1e-6)
+    assert logged(out, "num_tokens") == logged(single, "num_tokens")
+    expected = adapter(single)
+    got = adapter(out)
+    assert sorted(got) == sorted(expected)
+    for key, tensor in got.items():
+        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+
+
+def test_one_process_equals_stock_trl_with_peft_target_parameters(single, run_file, tmp_path):
+    """Stock: TRL's SFTTrainer over ``get_peft_model`` with the LoraConfig TRL builds from the same keys (PEFT's
+    ParamWrapper on the fused experts), the model Halo's random_init builds, the adapter drawn from the same seed."""
+    import datasets
+    from peft import get_peft_model, get_peft_model_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
+
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=GLOBAL_BATCH, max_steps=STEPS, lr_scheduler_type="constant",
+                     warmup_steps=0, logging_steps=1, save_strategy="no", router_aux_loss_coef=0.0, seed=5, max_grad_norm=1.0, bf16=False,
+                     report_to="none", optim="sgd", learning_rate=0.5, use_cpu=True)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    lora = get_peft_config(ModelConfig(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["all-linear"]))
+    torch.manual_seed(5)
+    peft_model = get_peft_model(model, lora)
+    data = datasets.load_dataset("json", data_files=str(run_file.parent / "completion.jsonl"), split="train")
+    trainer = SFTTrainer(model=peft_model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TINY))
+    trainer.train()
+    stock_losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    assert logged(single, "loss") == pytest.approx(stock_losses, abs=1e-5, rel=1e-6)
+    stock = {"base_model.model." + k if not k.startswith("base_model.") else k: v for k, v in get_peft_model_state_dict(peft_model).items()}
+    ours = adapter(single)
+    assert sorted(ours) == sorted(stock)
+    for key, tensor in ours.items():
+        assert_close(tensor, stock[key], f"{key} after {STEPS} SGD steps, Halo against stock PEFT", rtol=1e-4)
+
+
+def test_resuming_on_ep2_restores_adapters_and_their_optimizer_state(single, run_file, tmp_path):
+    out = tmp_path / "run"
+    adamw = OPTIMIZERS["adamw"]
+    reference = launch("sft", run_file, tmp_path / "whole", 2, *adamw, "--expert_parallel_size=2")
+    launch("sft", run_file, out, 2, *adamw, "--expert_parallel_size=2", "--max_steps=2", "--save_steps=2")
+    state = json.loads((out / "checkpoint-2" / "optimizer" / "optimizer.json").read_text())
+    names = [n for group in state["param_groups"] for n in group["params"]]
+    assert names and all("lora_" in n for n in names), names[:5]  # no optimizer state for any base weight
+    launch("sft", run_file, out, 2, *adamw, "--expert_parallel_size=2", f"--resume_from_checkpoint={out / 'checkpoint-2'}")
+    assert logged(out, "loss") == pytest.approx(logged(reference, "loss"), abs=1e-6, rel=0)
+    expected = adapter(reference)
+    for key, tensor in adapter(out).items():
+        assert torch.equal(tensor, expected[key]), f"{key} after a resumed third AdamW step"
+
+
+def test_only_adapters_train_and_peft_and_the_merged_export_reproduce_the_trained_model(run_file, tmp_path):
+    """In process, so the trained model itself can be asked: its base is bit-identical to the base the run wrote
+    before step one, no base weight has a gradient or optimizer state, and stock PEFT loading the adapter over
+    that base (and ``halo export --merge``'s model) give the trained model's logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig
+
+    from halo_core.lora.merge import merge
+    from halo_core.lora.peft_format import base_state
+    from halo_core.methods.sft import HaloSFTTrainer
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+    from halo_core.trainers.runtime import train
+
+    out = tmp_path / "run"
+    overrides = [f"--output_dir={out}", "--per_device_train_batch_size=4", "--max_steps=2", "--save_strategy=no", "--bf16=false",
+                 "--report_to=none", "--learning_rate=5e-2", "--lora_dropout=0.1"]
+    trainer = train(load_run_config("sft", SFTConfig, run_file, parse_overrides(overrides)), HaloSFTTrainer, SFTConfig)
+    model = trainer.model
+    initial = load_file(str(out / "base" / "model.safetensors"))
+    for name, tensor in base_state(model).items():
+        if name in initial:  # a tied head is stored once
+            assert torch.equal(tensor, initial[name]), f"{name} changed in training"
+    trained = {id(p) for p in model.parameters() if p.requires_grad}
+    assert all(p.grad is None for p in model.parameters() if id(p) not in trained)
+    assert trainer.optimizer.state and all(id(p) in trained for p in trainer.optimizer.state)
+    assert sum(p.numel() for p in model.parameters() if id(p) in trained) < 0.2 * sum(p.numel() for p in model.parameters())
+
+    ids = torch.tensor([[5, 9, 17, 33, 2, 64, 80, 3], [7, 7, 12, 90, 101, 4, 0, 0]])
+    model.eval()
+    with torch.no_grad():
+        ours = model(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)
+        peft = PeftModel.from_pretrained(base, str(out)).eval()(input_ids=ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(merge(out, tmp_path / "merged"), dtype=torch.float32)(input_ids=ids).logits
+    assert_close(peft, ours, "stock PEFT over the saved base against the trained model", rtol=1e-5)
+    assert_close(merged, ours, "the merged export against the trained model", rtol=1e-5)
+    assert (ours - AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)(input_ids=ids).logits).abs().max() > 1e-3
