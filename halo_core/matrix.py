@@ -85,7 +85,8 @@ Each method is a stock TRL/transformers trainer with `DistributedTrainerMixin` a
 split is `yes` when the method declares it (its launcher equivalence tests prove each against
 one process), and a layout also needs the model's family to declare the split
 ([models/index.md](../models/index.md)); FSDP2 shards what the splits leave in every method (`shard_parameters`).
-Columns: what every row of the data needs (`a | b`: either).
+Columns: what every row of the data needs (`a | b`: either). LoRA: the splits a run with TRL's LoRA keys
+(`use_peft: true`, ...) trains under in that method ([lora.md](../lora.md)); the others are refused before start.
 
 """
 
@@ -94,7 +95,10 @@ def render_methods() -> str:
     """The method x split matrix as Markdown (``halo methods matrix``)."""
     from halo_core.trainers.method import get_method, known_methods
 
-    rows = ["| method | trainer | config keys from | columns | EP | CP | TP | ETP | page |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    from halo_core.lora.settings import SPLITS as LORA_SPLITS
+
+    rows = ["| method | trainer | config keys from | columns | EP | CP | TP | ETP | LoRA (`use_peft`) | page |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name in known_methods():
         method = get_method(name)
         trainer = method.trainer
@@ -102,5 +106,6 @@ def render_methods() -> str:
         built = f"`{trainer.__name__}({bases})`" if trainer else "-"
         columns = ", ".join(f"`{c.replace('|', ' | ')}`" for c in method.columns) or "TRL's formats"
         marks = " | ".join("yes" if split in method.splits else "-" for split in SPLIT_ORDER)
-        rows.append(f"| `{name}` | {built} | `{method.config_class.__name__}` | {columns} | {marks} | [{name}.md]({name}.md) |")
+        lora = ", ".join(s.upper() for s in SPLIT_ORDER if s in method.splits and s in LORA_SPLITS)
+        rows.append(f"| `{name}` | {built} | `{method.config_class.__name__}` | {columns} | {marks} | DP, {lora} | [{name}.md]({name}.md) |")
     return METHODS_HEADER + "\n".join(rows) + "\n"

@@ -140,3 +140,53 @@ def test_only_adapters_train_and_peft_and_the_merged_export_reproduce_the_traine
     assert_close(peft, ours, "stock PEFT over the saved base against the trained model", rtol=1e-5)
     assert_close(merged, ours, "the merged export against the trained model", rtol=1e-5)
     assert (ours - AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)(input_ids=ids).logits).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("method, kind", [("dpo", "preference"), ("reward", "preference")])
+def test_a_reference_method_and_a_score_head_method_train_adapters_under_ep2_as_on_one_process(method, kind, tmp_path):
+    """The adapters are the model's, whatever the method: DPO's frozen reference is the base without them (what
+    TRL's PEFT path gets by disabling the adapter), the reward model's score head trains whole (PEFT's SEQ_CLS)."""
+    from launch_kit import COMMON, HEAD_COMMON
+
+    run_file = write_run(tmp_path, kind, LORA)
+    common = HEAD_COMMON if method == "reward" else COMMON
+    one = launch(method, run_file, tmp_path / "single", 1, *OPTIMIZERS["sgd"], common=common)
+    two = launch(method, run_file, tmp_path / "ep2", 2, *OPTIMIZERS["sgd"], "--expert_parallel_size=2", common=common)
+    assert logged(two, "loss") == pytest.approx(logged(one, "loss"), abs=1e-5, rel=1e-6)
+    expected = adapter(one)
+    assert (method == "reward") == ("base_model.model.score.weight" in expected)
+    for key, tensor in adapter(two).items():
+        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at ep2", rtol=1e-4)
+
+
+def test_a_lora_mistake_and_an_export_without_adapter_exit_2_with_one_line(run_file, tmp_path):
+    from conftest import run_halo
+
+    refused = run_halo("launch", "sft", str(run_file), "--nproc", "2", "--dry-run", "--", "--lora_target_modules=[gate_up_proj]", cwd=tmp_path)
+    assert refused.returncode == 2 and "lora_target_parameters" in refused.stderr and "Traceback" not in refused.stderr
+    empty = run_halo("export", "--merge", str(tmp_path), str(tmp_path / "merged"), cwd=tmp_path)
+    assert empty.returncode == 2 and "holds no adapter" in empty.stderr and "Traceback" not in empty.stderr
+
+
+def test_grouped_dropout_is_the_direct_formula_while_training_and_off_in_eval():
+    """s * B_e A_e dropout(x) per expert, against a direct loop over experts with the same dropout mask."""
+    from torch import nn
+
+    from halo_core.lora import grouped
+
+    experts = nn.Module()
+    experts.w_lora_A = nn.Parameter(torch.randn(3, 4, 8))  # grouped_mm: rows of a multiple of 16 bytes
+    experts.w_lora_B = nn.Parameter(torch.randn(3, 4, 4))
+    rows, counts = torch.randn(7, 8), torch.tensor([3, 0, 4])
+    offsets = torch.cumsum(counts, 0).to(torch.int32)
+    spec = grouped.ExpertLora(scaling=0.5, dropout=0.3)
+    torch.manual_seed(0)
+    got = grouped.delta(experts, spec, "w", rows, offsets)
+    torch.manual_seed(0)
+    dropped = nn.functional.dropout(rows, 0.3)
+    ids = torch.repeat_interleave(torch.arange(3), counts)
+    direct = torch.stack([0.5 * experts.w_lora_B[e] @ experts.w_lora_A[e] @ dropped[i] for i, e in enumerate(ids.tolist())])
+    assert_close(got, direct, "grouped LoRA with dropout against the per-expert formula")
+    experts.eval()
+    plain = torch.stack([0.5 * experts.w_lora_B[e] @ experts.w_lora_A[e] @ rows[i] for i, e in enumerate(ids.tolist())])
+    assert_close(grouped.delta(experts, spec, "w", rows, offsets), plain, "grouped LoRA in eval mode (no dropout)")

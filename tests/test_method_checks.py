@@ -49,3 +49,31 @@ def test_data_without_the_methods_columns_is_refused(method, tmp_path):
         _check(method, [], _without_pairs(method, tmp_path))
     line = str(caught.value)
     assert "arithmetic.jsonl' lacks 'chosen', 'rejected', which method" in line and "['completion', 'prompt']" in line and "columns: {old: new}" in line
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["--lora_r=0"], "lora_r=0 must be a positive integer"),
+        (["--lora_dropout=1.5"], "lora_dropout=1.5 must be in [0, 1)"),
+        (["--lora_target_modules=[nothing_here]"], "lora_target_modules='nothing_here': Target modules nothing_here not found"),
+        (["--lora_target_modules=[gate_up_proj]"], "lora_target_modules: 'gate_up_proj' is a fused expert parameter, not a module; list it under lora_target_parameters"),
+        (["--lora_target_parameters=[mlp.experts.up]"], "lora_target_parameters: 'mlp.experts.up' matches no parameter"),
+        (["--lora_target_modules=[lm_head]"], "'lm_head' cannot take an adapter"),
+        (["--load_in_4bit=true"], "load_in_4bit: true"),  # no GPU: needs one; on a GPU: QLoRA is not supported yet
+        (["--use_dora=true"], "use_dora: true (DoRA) is not supported"),
+        (["--tensor_parallel_size=2"], "use_peft with tensor_parallel_size=2 is not supported yet"),
+        (["--experts_implementation=eager"], "experts_implementation='eager': LoRA on fused experts runs in the grouped GEMM"),
+        (["--lora_r=3"], "grouped_mm needs rows of a multiple of 16 bytes; choose lora_r a multiple of 4"),
+    ],
+)
+def test_a_lora_run_that_cannot_work_is_refused_with_its_key(overrides, says):
+    """TRL's LoRA keys on the embedded LoRA default, checked before any process starts."""
+    with pytest.raises(ConfigError) as caught:
+        _check("sft", overrides, CONFIGS / "tiny-qwen3-moe-lora.yaml")
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_the_lora_keys_of_a_score_head_method_are_matched_against_its_head():
+    """reward's model has a score head, no lm_head: modules_to_save naming it is accepted, as PEFT's SEQ_CLS."""
+    _check("reward", ["--use_peft=true", "--lora_target_modules=all-linear", "--lora_modules_to_save=[score]"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -29,9 +28,13 @@ def check_lora(run) -> None:
         raise ConfigError(f"{where}: lora_dropout={dropout} must be in [0, 1), e.g. 0.0 or 0.05")
     if fields.get("use_dora"):
         raise ConfigError(f"{where}: use_dora: true (DoRA) is not supported on Halo's layouts; set use_dora: false")
-    if run.halo.tensor_parallel_size > 1:
-        raise ConfigError(f"{where}: use_peft with tensor_parallel_size={run.halo.tensor_parallel_size} is not supported yet (adapters are "
-                          f"not split column/row-wise); set tensor_parallel_size: 1 (expert, context and expert-tensor parallelism work)")
+    from halo_core.parallel.plan import RUN_FIELDS
+
+    for split, field in RUN_FIELDS.items():
+        degree = getattr(run.halo, field)
+        if split not in settings.SPLITS and degree > 1:
+            raise ConfigError(f"{where}: use_peft with {field}={degree} is not supported yet (adapters are not split column/row-wise); "
+                              f"set {field}: 1 (LoRA trains under {', '.join(RUN_FIELDS[s] for s in sorted(settings.SPLITS))} and data parallelism)")
     try:
         config = settings.lora_config(fields)
     except (ValueError, TypeError) as exc:
@@ -45,21 +48,25 @@ def _meta_model(run):
     """The run's model with no memory behind it (parameters on the meta device), to match targets against."""
     from transformers import AutoConfig
 
-    from halo_core.parallel.loading import model_class_for
+    from halo_core.parallel.loading import model_class_for, sequence_head
+    from halo_core.trainers.method import get_method
 
     folder = Path(run.halo.model_name_or_path)
     if not (folder / "config.json").exists():
         return None  # a hub id: the worker checks when it loads
     hf_config = AutoConfig.from_pretrained(folder)
+    head = get_method(run.method).sequence_classification
+    if head:
+        sequence_head(hf_config, 2, hf_config.pad_token_id)  # the head's width does not change what targets match
     extra = {"experts_implementation": run.halo.experts_implementation} if run.halo.experts_implementation else {}
     with torch.device("meta"):
-        return model_class_for(hf_config).from_config(hf_config, **extra)
+        return model_class_for(hf_config, sequence_classification=head).from_config(hf_config, **extra)
 
 
 def _check_targets(run, model, config) -> None:
-    from halo_core.lora.inject import LoraError, inject_dense, inject_parameter, plan_targets
+    from halo_core.lora.inject import LoraError, for_model, inject_dense, inject_parameter, plan_targets
 
-    config = copy.deepcopy(config)
+    config = for_model(config, model)
     try:
         targets = plan_targets(model, config)
         if targets.dense is not None:
@@ -69,7 +76,21 @@ def _check_targets(run, model, config) -> None:
                 inject_parameter(model, config, key)
     except LoraError as exc:
         raise ConfigError(f"{run.source}: {exc}") from None
+    if not targets.experts:
+        return
     implementation = run.halo.experts_implementation
-    if targets.experts and implementation not in (None, "grouped_mm"):
+    if implementation not in (None, "grouped_mm"):
         raise ConfigError(f"{run.source}: experts_implementation={implementation!r}: LoRA on fused experts runs in the grouped GEMM; "
                           f"set experts_implementation: grouped_mm (or leave it empty)")
+    from halo_core.lora.inject import _rank_and_alpha
+    from halo_core.parallel.plan import GROUPED_MM_ALIGNMENT
+    from halo_core.trainers.run_checks import method_config
+
+    itemsize = 2 if method_config(run).bf16 else 4
+    for key in targets.parameters:
+        rank, _ = _rank_and_alpha(config, key)
+        if key.rsplit(".", 1)[0] in targets.experts and rank * itemsize % GROUPED_MM_ALIGNMENT:
+            step = GROUPED_MM_ALIGNMENT // itemsize
+            raise ConfigError(f"{run.source}: lora_r={run.peft.get('lora_r', 16)} gives {key} adapters of rank {rank}, {rank * itemsize} bytes "
+                              f"a row at {itemsize} bytes an element, but grouped_mm needs rows of a multiple of {GROUPED_MM_ALIGNMENT} bytes; "
+                              f"choose lora_r a multiple of {step}")

@@ -150,7 +150,7 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
     layout = layout_of(model)
     if layout.dims.tp > 1:
         raise LoraError("use_peft with tensor_parallel_size > 1 is not supported yet (the adapters would need TP's column/row split); set tensor_parallel_size: 1")
-    config = copy.deepcopy(config)
+    config = for_model(config, model)
     targets = plan_targets(model, config)
     model.requires_grad_(False)
     torch.manual_seed(seed)
@@ -207,11 +207,19 @@ def _rank_and_alpha(config, key: str) -> tuple[int, float]:
     return r, alpha
 
 
+def for_model(config, model: nn.Module):
+    """A copy of ``config`` as PEFT reads it for this model: a sequence-classification model (a ``score`` head) is
+    PEFT's ``SEQ_CLS`` task, whose head trains whole (``modules_to_save``) and takes no adapter."""
+    config = copy.deepcopy(config)
+    if isinstance(getattr(model, "score", None), nn.Linear):
+        config.task_type = "SEQ_CLS"
+        config.modules_to_save = sorted({*(config.modules_to_save or ()), "score"})
+    return config
+
+
 def _train_whole(model: nn.Module, modules: tuple) -> set[str]:
-    """``lora_modules_to_save`` (and a sequence-classification head, as PEFT's SEQ_CLS adds it) trained in place."""
+    """``lora_modules_to_save`` trained in place (whole, as PEFT trains its copy of them)."""
     wanted = set(modules)
-    if hasattr(model, "score") and isinstance(model.score, nn.Module):
-        wanted.add("score")
     names = set()
     for target in sorted(wanted):
         hits = [n for n, _ in model.named_modules() if n == target or n.endswith("." + target)]

@@ -71,8 +71,6 @@ def write_adapter(model: nn.Module, state: dict[str, torch.Tensor], folder: Path
     if config.target_parameters:
         # PEFT's ParamWrapper refuses any lora_dropout, also when loading for inference, where dropout does nothing.
         config.lora_dropout = 0.0
-    if hasattr(model, "score"):
-        config.task_type = "SEQ_CLS"
     config.save_pretrained(str(folder))
     save_file(state, str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
 

@@ -10,6 +10,10 @@ KEYS = (
 )
 
 
+#: The splits LoRA runs under (its launcher tests prove each against one process); the others are refused before start.
+SPLITS = frozenset({"ep", "cp", "etp"})
+
+
 def type_hints() -> dict:
     import typing
 

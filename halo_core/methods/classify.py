@@ -100,5 +100,5 @@ def check(run: RunConfig, args) -> None:
 
 
 # No cp: the score is read at each sequence's last non-pad token, which one CP chunk holds.
-METHOD = Method(name="classify", config_class=ClassifyConfig, run=run, trainer=HaloClassifyTrainer, splits=frozenset({"ep", "tp", "etp"}),
+METHOD = Method(name="classify", config_class=ClassifyConfig, run=run, trainer=HaloClassifyTrainer, sequence_classification=True, splits=frozenset({"ep", "tp", "etp"}),
                 columns=("text", "label"), check=check)

@@ -34,5 +34,5 @@ def check(run: RunConfig, args) -> None:
 
 
 # No cp: the score is read at each sequence's last non-pad token, which one CP chunk holds.
-METHOD = Method(name="reward", config_class=RewardConfig, run=run, trainer=HaloRewardTrainer, splits=frozenset({"ep", "tp", "etp"}),
+METHOD = Method(name="reward", config_class=RewardConfig, run=run, trainer=HaloRewardTrainer, sequence_classification=True, splits=frozenset({"ep", "tp", "etp"}),
                 columns=("chosen", "rejected"), check=check)

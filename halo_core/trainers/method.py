@@ -26,6 +26,8 @@ class Method:
     check: Callable | None = None
     #: The trainer class the worker builds (documentation: ``halo methods matrix``).
     trainer: type | None = None
+    #: Whether the worker builds the family's backbone under a sequence-classification head (``score``).
+    sequence_classification: bool = False
 
 
 def known_methods() -> list[str]:
