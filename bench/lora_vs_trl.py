@@ -56,6 +56,7 @@ from sft_variants import parse, row_process
 from sft_workload import DEFAULT_CONFIG, HERE, prepare, trainer_fields
 
 ENTRY = HERE / "lora_vs_trl.py"
+STARTED = time.perf_counter()
 
 #: TRL ``ModelConfig`` fields every LoRA row trains with (issue 23): the attention projections and the fused experts.
 LORA = {
@@ -95,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--halo-log-every", type=int, default=5, help="every row's logging_steps (Halo's throughput is log to log)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/halo-lora-bench"))
+    parser.add_argument("--budget", type=float, help="seconds for the whole invocation: a row that would likely end past it is skipped "
+                        "(recorded as such), so a lease's last rows give way rather than cut the run short")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)  # run_variant passes it to the worker
@@ -374,10 +377,15 @@ def main() -> None:
         except Exception as exc:  # a finding to report, not a reason to leave the rows untimed
             checks["lora_vs_peft"] = {"agree": False, "error": f"{type(exc).__name__}: {exc}"[-2000:]}
         print(f"LoRA check: {json.dumps(checks['lora_vs_peft'])}", flush=True)
-    results = []
-    for repeat in range(args.repeats):
+    results, seen = [], {}
+    for _ in range(args.repeats):
         for row, kind, variant, spec in args.plan:
-            result = with_lora_mfu({"repeat": repeat, "seq": args.seq, "batch": args.batch, **run_row(row, kind, variant, spec, args)}, config, rate)
+            repeat = seen[row] = seen.get(row, -1) + 1  # a row listed twice counts as its repeats
+            longest = max((r.get("wall_s", 0.0) for r in results), default=0.0)  # the longest row so far as the estimate
+            if args.budget and time.perf_counter() - STARTED + longest > args.budget:
+                result = {"repeat": repeat, "kind": kind, "variant": row, "error": f"skipped: it would likely end past --budget {args.budget:.0f} s"}
+            else:
+                result = with_lora_mfu({"repeat": repeat, "seq": args.seq, "batch": args.batch, **run_row(row, kind, variant, spec, args)}, config, rate)
             print(json.dumps(result), flush=True)
             results.append(result)
             if args.out:  # after every row, so a run cut short keeps what it measured
