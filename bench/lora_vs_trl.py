@@ -10,6 +10,8 @@ A row is a kind and ``sft_vs_trl.py``'s options (``sft_variants``: ``+compile``,
   halo-full   ``halo launch sft``, every weight trained (bf16 weights, AdamWBF16): the variant ``halo-ep1+OPTIONS``
   halo-lora   the same run with TRL's ``ModelConfig`` LoRA keys in its YAML (``LORA``): stock PEFT's adapters on
               the attention projections, Halo's grouped LoRA on the fused experts (``halo_core.lora``)
+  halo-lora-attn  a diagnosis: halo-lora without the fused expert targets (adapters on the attention projections
+              only, so the experts keep transformers' grouped_mm); not a target row
   trl-peft    stock ``trl.SFTTrainer(peft_config=get_peft_config(ModelConfig(**LORA)))`` on the bf16 model
               (the variant ``trl-bf16+OPTIONS``): PEFT reaches the fused experts through ``target_parameters``,
               adapters in fp32 (PEFT's ``autocast_adapter_dtype``), torch AdamW. Without ``+nockpt`` TRL's
@@ -65,7 +67,7 @@ LORA = {
     "lora_target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"],
 }
 #: Each kind's ``sft_variants`` base.
-KINDS = {"halo-full": "halo-ep1", "halo-lora": "halo-ep1", "trl-peft": "trl-bf16"}
+KINDS = {"halo-full": "halo-ep1", "halo-lora": "halo-ep1", "halo-lora-attn": "halo-ep1", "trl-peft": "trl-bf16"}
 DEFAULT_ROWS = ["halo-full+compile+nockpt+ab50", "trl-peft+nockpt", "halo-lora+compile+nockpt+ab50", "trl-peft+nockpt+liger", "trl-peft"]
 #: The issue's targets: LoRA tokens/s over Halo full fine-tuning's, its peak memory over full's, its tokens/s over stock's.
 TARGETS = {"lora_over_full_speed": 1.25, "lora_over_full_memory": 0.5, "lora_over_stock_speed": 2.0}
@@ -80,7 +82,7 @@ def resolve(row: str) -> tuple[str, str, dict]:
     spec = parse(variant)
     if spec["fsdp"] or spec["tf_ep"]:
         raise SystemExit(f"row {row!r}: this harness runs on one GPU (no +fsdp, +tf-ep)")
-    if kind == "halo-lora" and spec["liger_moe"]:
+    if kind.startswith("halo-lora") and spec["liger_moe"]:
         raise SystemExit(f"row {row!r}: LoRA on fused experts runs in the grouped GEMM, not Liger's fused MoE (drop +liger-moe)")
     return kind, variant, spec
 
@@ -118,8 +120,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def lora_fields(kind: str) -> dict:
-    """A Halo row's keys over the shared ones: every row logs its first step; halo-lora adds ``LORA``."""
-    return {"logging_first_step": True, **(copy.deepcopy(LORA) if kind == "halo-lora" else {})}
+    """A Halo row's keys over the shared ones: every row logs its first step; halo-lora adds ``LORA``, halo-lora-attn
+    ``LORA`` without its fused expert targets (a key set to None is left out of the YAML)."""
+    fields = {"logging_first_step": True}
+    if kind.startswith("halo-lora"):
+        fields.update(copy.deepcopy(LORA))
+    if kind == "halo-lora-attn":
+        fields["lora_target_parameters"] = None
+    return fields
 
 
 def halo_logs_result(output: str, seq: int, batch: int, every: int) -> dict:
@@ -132,6 +140,8 @@ def halo_logs_result(output: str, seq: int, batch: int, every: int) -> dict:
     first_loss = float(ast.literal_eval(lines[first])["loss"])
     rest = lines if every == 1 else lines[:first] + lines[first + 1:]  # at every step the first log is a window of its own
     row = halo_result("\n".join(rest), seq, batch, every)
+    timed = [ast.literal_eval(line) for line in rest if line.startswith("{") and "tokens_per_second_per_device" in line]
+    row["window_rates"] = [round(float(log["tokens_per_second_per_device"])) for log in timed[-(row["steps_timed"] // every):]]
     row["losses"] = row["losses"] if every == 1 else [first_loss] + row["losses"]
     return row
 
@@ -149,7 +159,7 @@ def run_halo(row: str, kind: str, spec: dict, args, workdir: Path) -> dict:
     if done.returncode:
         return {"variant": row, "error": (done.stdout + done.stderr)[-2500:]}
     result = halo_logs_result(done.stdout, args.seq, args.batch, args.halo_log_every)
-    if kind == "halo-lora":
+    if kind.startswith("halo-lora"):
         result.update(adapter_trained(workdir / "out" / row / "adapter_model.safetensors"))
     return {"variant": row, **result, "wall_s": round(time.perf_counter() - started, 1)}
 
@@ -272,7 +282,7 @@ def check_lora_against_peft(config_path: Path, device: str, dtype: torch.dtype =
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         losses.append(loss.detach().float())
-    error = lambda a, b: float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))  # noqa: E731
+    error = lambda a, b: float((a.float().cpu() - b.float().cpu()).norm() / b.float().cpu().norm().clamp_min(1e-30))  # noqa: E731
     stock_grads = {n.replace(".default.", "."): p.grad for n, p in stock.named_parameters() if p.requires_grad}
     grads = {k: error(g, stock_grads[k]) for k, g in adapter_grads(halo).items()}
     worst = max(grads, key=grads.get)

@@ -52,6 +52,8 @@ def test_a_lora_row_is_a_full_row_plus_trls_lora_keys_which_halo_accepts(bench, 
         config = load_run_config("sft", SFTConfig, command[command.index("sft") + 1])  # the launcher's own check of every key
         assert config.halo.compile_layers and config.halo.activation_memory_budget == 0.5
         assert config.trainer["logging_first_step"] and not config.trainer["gradient_checkpointing"]
+    attention_only = yaml.safe_load(Path(halo_command("attn", args.plan[0][3], args, tmp_path, "sft", bench.lora_fields("halo-lora-attn"))[-3]).read_text())
+    assert "lora_target_parameters" not in attention_only and attention_only["lora_target_modules"] == bench.LORA["lora_target_modules"]
     lora, full = runs["halo-lora"], runs["halo-full"]
     assert {k: v for k, v in lora.items() if k not in bench.LORA} == {**full, "output_dir": lora["output_dir"]}
     assert {k: lora[k] for k in bench.LORA} == bench.LORA
@@ -70,6 +72,7 @@ def logs(steps, every, first=True):
 def test_the_first_step_log_gives_the_step_1_loss_and_stays_out_of_the_timing(bench):
     five = bench.halo_logs_result(logs(25, 5), seq=100, batch=1, every=5)
     assert five["losses"] == [11.0, 15.0, 20.0, 25.0, 30.0, 35.0]
+    assert five["window_rates"] == [10000, 15000, 20000, 25000]
     assert five["steps_timed"] == 20 and five["tokens_per_s"] == 17500  # windows 6-10 .. 21-25: the median of 10k, 15k, 20k, 25k
     one = bench.halo_logs_result(logs(8, 1), seq=100, batch=1, every=1)
     assert one["losses"][0] == 11.0 and one["steps_timed"] == 3  # steps 6-8
