@@ -109,7 +109,6 @@ def test_only_adapters_train_and_peft_and_the_merged_export_reproduce_the_traine
     from transformers import AutoModelForCausalLM
     from trl import SFTConfig
 
-    from halo_core.lora.merge import merge
     from halo_core.lora.peft_format import base_state
     from halo_core.methods.sft import HaloSFTTrainer
     from halo_core.trainers.run_config import load_run_config, parse_overrides
@@ -117,7 +116,7 @@ def test_only_adapters_train_and_peft_and_the_merged_export_reproduce_the_traine
 
     out = tmp_path / "run"
     overrides = [f"--output_dir={out}", "--per_device_train_batch_size=4", "--max_steps=2", "--save_strategy=no", "--bf16=false",
-                 "--report_to=none", "--learning_rate=5e-2", "--lora_dropout=0.1"]
+                 "--report_to=none", "--learning_rate=5e-2", "--lora_dropout=0.1", "--merge_adapter=true"]
     trainer = train(load_run_config("sft", SFTConfig, run_file, parse_overrides(overrides)), HaloSFTTrainer, SFTConfig)
     model = trainer.model
     initial = load_file(str(out / "base" / "model.safetensors"))
@@ -135,7 +134,7 @@ def test_only_adapters_train_and_peft_and_the_merged_export_reproduce_the_traine
         ours = model(input_ids=ids).logits
         base = AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)
         peft = PeftModel.from_pretrained(base, str(out)).eval()(input_ids=ids).logits
-        merged = AutoModelForCausalLM.from_pretrained(merge(out, tmp_path / "merged"), dtype=torch.float32)(input_ids=ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32)(input_ids=ids).logits  # merge_adapter: true
     assert_close(peft, ours, "stock PEFT over the saved base against the trained model", rtol=1e-5)
     assert_close(merged, ours, "the merged export against the trained model", rtol=1e-5)
     assert (ours - AutoModelForCausalLM.from_pretrained(out / "base", dtype=torch.float32)(input_ids=ids).logits).abs().max() > 1e-3
@@ -156,6 +155,22 @@ def test_a_reference_method_and_a_score_head_method_train_adapters_under_ep2_as_
     assert (method == "reward") == ("base_model.model.score.weight" in expected)
     for key, tensor in adapter(two).items():
         assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at ep2", rtol=1e-4)
+
+
+def test_halo_export_merge_writes_a_plain_checkpoint_of_the_trained_run(single, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from conftest import run_halo
+
+    result = run_halo("export", "--merge", str(single), str(tmp_path / "merged"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ids = torch.tensor([[5, 9, 17, 33, 2, 64, 80, 3]])
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(single / "base", dtype=torch.float32)
+        peft = PeftModel.from_pretrained(base, str(single))(input_ids=ids).logits
+    assert_close(merged, peft, "halo export --merge against PEFT over the base", rtol=1e-5)
 
 
 def test_a_lora_mistake_and_an_export_without_adapter_exit_2_with_one_line(run_file, tmp_path):

@@ -52,13 +52,16 @@ class ExpertShard:
 
 
 class LocalDispatch:
-    """The dispatcher of a one-rank EP group (``etp`` without ``ep``): every pair stays here."""
+    """The dispatcher of a one-rank EP group (``etp`` without ``ep``, or LoRA on the experts at EP1): every pair
+    stays here. Pairs sent nowhere (sorted last) are zeroed rather than cut off: cutting needs their count on the
+    host, a sync that also broke each compiled layer into eight graphs."""
 
     def dispatch(self, tokens, counts):
-        return tokens[: int(counts.sum())], counts, tokens.shape[0]
+        kept = torch.arange(tokens.shape[0], device=tokens.device) < counts.sum()
+        return torch.where(kept.unsqueeze(-1), tokens, 0), counts, kept
 
-    def combine(self, expert_output, handle):
-        return torch.cat([expert_output, expert_output.new_zeros((handle - expert_output.shape[0], *expert_output.shape[1:]))])
+    def combine(self, expert_output, kept):
+        return torch.where(kept.unsqueeze(-1), expert_output, 0)
 
 
 def expert_parameters(experts: nn.Module, num_experts: int) -> list[str]:
@@ -139,8 +142,7 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     tokens = ExpandToPairs.apply(hidden_states, order, inverse, top_k)
 
     received, received_counts, handle = shard.dispatcher.dispatch(tokens, counts)
-    local_experts = torch.arange(shard.count, device=received.device).repeat(received_counts.shape[0])
-    received_ids = local_experts.repeat_interleave(received_counts.reshape(-1), output_size=received.shape[0])
+    received_ids = _row_experts(received_counts, received.shape[0], shard.count)
     if grouped_experts.handles(self, shard.inner):
         expert_output = grouped_experts.grouped_mm_received(self, received, received_ids, received_counts)
     else:
@@ -152,6 +154,14 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     returned = shard.dispatcher.combine(expert_output, handle)  # row i: the pair order[i]
     per_pair = PermuteRows.apply(returned, inverse, order).view(num_tokens, top_k, -1)
     return (per_pair * top_k_weights.unsqueeze(-1)).sum(dim=1).to(hidden_states.dtype)
+
+
+def _row_experts(counts: torch.Tensor, rows: int, count: int) -> torch.Tensor:
+    """Each received row's local expert, rows grouped by (source, expert) ``counts[s, e]`` each; rows past the
+    counted ones (``LocalDispatch``'s zeroed pairs) get expert 0. On the device, no host sync."""
+    ends = torch.cumsum(counts.reshape(-1), dim=0)
+    group = torch.searchsorted(ends, torch.arange(rows, device=counts.device), right=True)
+    return group % count
 
 
 ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, expert_parallel_forward)
