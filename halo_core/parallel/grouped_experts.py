@@ -49,7 +49,8 @@ def _expert_rows(experts: nn.Module, rows: torch.Tensor, ids: torch.Tensor, per_
     """Rows grouped by expert, ``per_expert`` each (``ids``: each row's expert), through their experts
     (with the grouped LoRA of each adapted weight, ``halo_core.lora.grouped``)."""
     offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
-    adapters = shard_of(experts).lora
+    shard = shard_of(experts)
+    adapters = shard.lora if shard is not None else {}
     up_name = "gate_up_proj" if experts.has_gate else "up_proj"
     out = moe._grouped_linear(rows, getattr(experts, up_name), offsets, bias=_bias(experts, f"{up_name}_bias", ids), is_transposed=experts.is_transposed)
     if up_name in adapters:
