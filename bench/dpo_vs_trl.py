@@ -237,7 +237,7 @@ def main() -> None:
         return dpo_worker(args.worker, args, args.workdir)
     shape = prepare_pairs(args)
     print(f"pairs: {json.dumps(shape)}", flush=True)
-    rate, config, checks = start_measuring(args.variants, args.config, args.profile)
+    rate, config, checks = start_measuring(args.config, args.variants, args.profile)
     results = []
     for row in alternated_rows([args.profile] if args.profile else args.variants, args, args.workdir, **HARNESS):
         row = with_dpo_mfu(row, config, args.seq, rate)

@@ -333,7 +333,7 @@ def main() -> None:
         return stock_worker(args.worker, args, args.workdir)
     shapes = prepare_methods(args)
     print(f"workload: {json.dumps(shapes)}", flush=True)
-    rate, config, checks = start_measuring(list(dict.fromkeys(v for _, v in args.plan)), args.config, None)
+    rate, config, checks = start_measuring(args.config, list(dict.fromkeys(v for _, v in args.plan)), None)
     results = []
     for repeat in range(args.repeats):
         for method, variant in args.plan:
