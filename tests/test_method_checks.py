@@ -56,7 +56,7 @@ def test_data_without_the_methods_columns_is_refused(method, tmp_path):
     [
         (["--lora_r=0"], "lora_r=0 must be a positive integer"),
         (["--lora_dropout=1.5"], "lora_dropout=1.5 must be in [0, 1)"),
-        (["--lora_target_modules=[nothing_here]"], "lora_target_modules='nothing_here': Target modules nothing_here not found"),
+        (["--lora_target_modules=[nothing_here]"], "lora_target_modules=['nothing_here']: Target modules {'nothing_here'} not found"),
         (["--lora_target_modules=[gate_up_proj]"], "lora_target_modules: 'gate_up_proj' is a fused expert parameter, not a module; list it under lora_target_parameters"),
         (["--lora_target_parameters=[mlp.experts.up]"], "lora_target_parameters: 'mlp.experts.up' matches no parameter"),
         (["--lora_target_modules=[lm_head]"], "'lm_head' cannot take an adapter"),
@@ -72,6 +72,15 @@ def test_a_lora_run_that_cannot_work_is_refused_with_its_key(overrides, says):
     with pytest.raises(ConfigError) as caught:
         _check("sft", overrides, CONFIGS / "tiny-qwen3-moe-lora.yaml")
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_one_module_name_is_a_name_not_a_regular_expression():
+    """TRL's ModelConfig makes ``[q_proj]`` the string ``q_proj``, which PEFT would match as a whole-name regex."""
+    from halo_core.lora.settings import lora_config
+
+    assert list(lora_config({"use_peft": True, "lora_target_modules": ["q_proj"]}).target_modules) == ["q_proj"]
+    assert lora_config({"use_peft": True, "lora_target_modules": ["all-linear"]}).target_modules == "all-linear"
+    _check("sft", ["--lora_target_modules=[q_proj]"], CONFIGS / "tiny-qwen3-moe-lora.yaml")
 
 
 def test_the_lora_keys_of_a_score_head_method_are_matched_against_its_head():

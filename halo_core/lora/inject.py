@@ -114,7 +114,9 @@ def inject_dense(model: nn.Module, dense_config) -> None:
     try:
         inject_adapter_in_model(dense_config, model)
     except ValueError as exc:  # PEFT: targets not found, or a module it cannot adapt
-        raise LoraError(f"lora_target_modules={dense_config.target_modules!r}: {' '.join(str(exc).split())}") from None
+        targets = dense_config.target_modules
+        shown = targets if isinstance(targets, str) or targets is None else sorted(targets)
+        raise LoraError(f"lora_target_modules={shown!r}: {' '.join(str(exc).split())}") from None
 
 
 def inject_parameter(model: nn.Module, config, key: str) -> None:

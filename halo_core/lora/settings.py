@@ -31,7 +31,19 @@ def model_config(fields: dict):
 
 
 def lora_config(fields: dict):
-    """The ``peft.LoraConfig`` TRL builds from these keys (``trl.get_peft_config``), or ``None`` without ``use_peft``."""
+    """The ``peft.LoraConfig`` TRL builds from these keys (``trl.get_peft_config``), or ``None`` without ``use_peft``.
+
+    One plain module name stays a name: ``ModelConfig`` turns a one-entry ``lora_target_modules`` into a string
+    (for ``all-linear``), which PEFT would then read as a regular expression over whole module names, so
+    ``[q_proj]`` would match nothing."""
+    import re
+
     from trl import get_peft_config
 
-    return get_peft_config(model_config(fields)) if fields.get("use_peft") else None
+    if not fields.get("use_peft"):
+        return None
+    args = model_config(fields)
+    target = args.lora_target_modules
+    if isinstance(target, str) and target != "all-linear" and re.fullmatch(r"[\w.]+", target):
+        args.lora_target_modules = [target]
+    return get_peft_config(args)
