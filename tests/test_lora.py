@@ -16,8 +16,9 @@ from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, write_run
 
 LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
-#: LoRA under data parallelism alone (FSDP2 over both ranks), and each split it declares (TP is refused before start).
-LAYOUTS = {"dp2": (2, []), **{k: v for k, v in TWO_RANKS.items() if k != "tp2"}}
+#: LoRA under data parallelism alone (FSDP2 over both ranks), each split alone on two ranks, and dense TP adapters
+#: beside EP-sharded expert adapters on four.
+LAYOUTS = {"dp2": (2, []), **TWO_RANKS, "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"])}
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,6 @@ def test_data_without_the_methods_columns_is_refused(method, tmp_path):
         (["--lora_target_modules=[lm_head]"], "'lm_head' cannot take an adapter"),
         (["--load_in_4bit=true"], "load_in_4bit: true"),  # no GPU: needs one; on a GPU: QLoRA is not supported yet
         (["--use_dora=true"], "use_dora: true (DoRA) is not supported"),
-        (["--tensor_parallel_size=2"], "use_peft with tensor_parallel_size=2 is not supported yet"),
         (["--experts_implementation=eager"], "experts_implementation='eager': LoRA on fused experts runs in the grouped GEMM"),
         (["--lora_r=3"], "grouped_mm needs rows of a multiple of 16 bytes; choose lora_r a multiple of 4"),
     ],

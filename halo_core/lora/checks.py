@@ -33,8 +33,8 @@ def check_lora(run) -> None:
     for split, field in RUN_FIELDS.items():
         degree = getattr(run.halo, field)
         if split not in settings.SPLITS and degree > 1:
-            raise ConfigError(f"{where}: use_peft with {field}={degree} is not supported yet (adapters are not split column/row-wise); "
-                              f"set {field}: 1 (LoRA trains under {', '.join(RUN_FIELDS[s] for s in sorted(settings.SPLITS))} and data parallelism)")
+            raise ConfigError(f"{where}: use_peft with {field}={degree} is not supported yet; set {field}: 1 "
+                              f"(LoRA trains under {', '.join(RUN_FIELDS[s] for s in sorted(settings.SPLITS))} and data parallelism)")
     try:
         config = settings.lora_config(fields)
     except (ValueError, TypeError) as exc:

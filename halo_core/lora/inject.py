@@ -2,8 +2,8 @@
 
 Added after ``parallelize``, so a model read straight into its layout (``from_pretrained``) and one built from
 its config get them the same way. Stock PEFT wraps the dense ``nn.Linear`` targets in place (their base
-weights stay in their FSDP2 units); the adapters themselves are small and kept whole on every rank that
-computes with them, outside FSDP2, their gradients summed like the non-FSDP path's (``grads``). Initial
+weights stay in their FSDP2 units); the adapters themselves are small and kept outside FSDP2 (whole, or
+split with a TP-split base: ``split_dense_over_tp``), their gradients summed like the non-FSDP path's (``grads``). Initial
 values are PEFT's: the same generator, reset to the run's seed, drawn in PEFT's order (dense targets,
 then fused parameters in module order), every rank drawing every expert's adapter and keeping its own,
 so any layout starts from the one-process adapter.
@@ -119,6 +119,52 @@ def inject_dense(model: nn.Module, dense_config) -> None:
         raise LoraError(f"lora_target_modules={shown!r}: {' '.join(str(exc).split())}") from None
 
 
+def split_dense_over_tp(model: nn.Module, layout, init) -> None:
+    """Stock PEFT's dense adapters on TP-split linear layers, redrawn whole and split as their base is.
+
+    PEFT reads a DTensor on a ``tp`` dimension as a local shard and builds local-size adapters, drawing (and so
+    initialising every later adapter) differently from one process. Here each adapter is drawn again at its
+    whole shape, in PEFT's order and way (its two ``nn.Linear``, then ``reset_lora_parameters``), and then split:
+    a column-wise base (output split) gets ``lora_B`` column-wise (its input, A's rank-r output, replicated); a
+    row-wise base (input split) gets ``lora_A`` row-wise (its partial rank-r outputs summed over the TP group, as
+    the base's are), ``lora_B`` whole. Gradients then need no more than the data-parallel sum (``grads``).
+    """
+    from peft.tuners.lora.layer import Linear as LoraLinear
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp_mesh = layout.mesh["tp"]
+    for name, module in model.named_modules():
+        if not isinstance(module, LoraLinear):
+            continue
+        base = module.get_base_layer()
+        for adapter in list(module.lora_A):
+            r = module.r[adapter]
+            a = nn.Linear(base.in_features, r, bias=False)
+            b = nn.Linear(r, base.out_features, bias=module.lora_B[adapter].bias is not None)
+            if init is True:
+                nn.init.kaiming_uniform_(a.weight, a=5 ** 0.5)
+            elif isinstance(init, str) and init.lower() == "gaussian":
+                nn.init.normal_(a.weight, std=1 / r)
+            else:
+                raise LoraError(f"init_lora_weights={init!r} is not supported with tensor_parallel_size > 1 (True or 'gaussian')")
+            nn.init.zeros_(b.weight)
+            if b.bias is not None:
+                nn.init.zeros_(b.bias)
+            weight = base.weight
+            a.to(device=weight.device, dtype=weight.dtype)
+            b.to(device=weight.device, dtype=weight.dtype)
+            style = None
+            if isinstance(weight, DTensor) and "tp" in (weight.device_mesh.mesh_dim_names or ()):
+                placement = weight.placements[weight.device_mesh.mesh_dim_names.index("tp")]
+                style = getattr(placement, "dim", None)
+            if style == 0:
+                parallelize_module(b, tp_mesh, ColwiseParallel())
+            elif style == 1:
+                parallelize_module(a, tp_mesh, RowwiseParallel())
+            module.lora_A[adapter], module.lora_B[adapter] = a, b
+
+
 def inject_parameter(model: nn.Module, config, key: str) -> None:
     """A plain targeted parameter (the router's weight) through stock PEFT's ``ParamWrapper``; without dropout,
     which it cannot apply (its delta is added to the weight): stock PEFT refuses the run instead (TRL's
@@ -150,14 +196,15 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
     from halo_core.parallel.expert_parallel import IMPLEMENTATION
 
     layout = layout_of(model)
-    if layout.dims.tp > 1:
-        raise LoraError("use_peft with tensor_parallel_size > 1 is not supported yet (the adapters would need TP's column/row split); set tensor_parallel_size: 1")
     config = for_model(config, model)
     targets = plan_targets(model, config)
     model.requires_grad_(False)
     torch.manual_seed(seed)
     if targets.dense is not None:
         inject_dense(model, targets.dense)
+        if layout.dims.tp > 1:
+            torch.manual_seed(seed)
+            split_dense_over_tp(model, layout, config.init_lora_weights)
     expert_names, whole_grad, shards = set(), set(), {}
     for key in targets.parameters:
         module_name, weight = key.rsplit(".", 1)

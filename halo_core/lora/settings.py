@@ -11,7 +11,7 @@ KEYS = (
 
 
 #: The splits LoRA runs under (its launcher tests prove each against one process); the others are refused before start.
-SPLITS = frozenset({"ep", "cp", "etp"})
+SPLITS = frozenset({"ep", "cp", "tp", "etp"})
 
 
 def type_hints() -> dict:
