@@ -88,14 +88,15 @@ def test_one_process_equals_stock_trl_with_peft_target_parameters(single, run_fi
         assert_close(tensor, stock[key], f"{key} after {STEPS} SGD steps, Halo against stock PEFT", rtol=1e-4)
 
 
-def test_resuming_on_ep2_restores_adapters_and_their_optimizer_state(run_file, tmp_path):
-    """Under AdamW (moments to restore): a run resumed from its step-2 checkpoint ends where the uninterrupted run did."""
-    adamw = [*OPTIMIZERS["adamw"], "--expert_parallel_size=2", "--save_steps=1"]
-    whole = launch("sft", run_file, tmp_path / "whole", 2, *adamw)
+def test_resuming_on_ep2_tp2_restores_adapters_and_their_optimizer_state(run_file, tmp_path):
+    """Under AdamW (moments to restore): a run resumed from its step-2 checkpoint ends where the uninterrupted run did;
+    expert adapters read as each EP rank's block, TP-split ones into their DTensor shards."""
+    adamw = [*OPTIMIZERS["adamw"], "--expert_parallel_size=2", "--tensor_parallel_size=2", "--save_steps=1"]
+    whole = launch("sft", run_file, tmp_path / "whole", 4, *adamw)
     state = json.loads((whole / "checkpoint-2" / "optimizer" / "optimizer.json").read_text())
     names = [n for group in state["param_groups"] for n in group["params"]]
     assert names and all("lora_" in n for n in names), names[:5]  # no optimizer state for any base weight
-    resumed = launch("sft", run_file, tmp_path / "resumed", 2, *adamw, f"--resume_from_checkpoint={whole / 'checkpoint-2'}")
+    resumed = launch("sft", run_file, tmp_path / "resumed", 4, *adamw, f"--resume_from_checkpoint={whole / 'checkpoint-2'}")
     assert logged(resumed, "loss") == pytest.approx(logged(whole, "loss"), abs=1e-6, rel=0)
     expected = adapter(whole)
     for key, tensor in adapter(resumed).items():

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from halo_core.lora import grouped
 from halo_core.parallel.layout_state import layout_of
@@ -105,7 +106,10 @@ def load_adapter(model: nn.Module, folder: str | Path) -> None:
         if rows is not None:
             block = block[rows[0] : rows[1]]
         local = place(model, name, param, block.to(param.dtype))
-        param.copy_(local.to_local() if hasattr(local, "to_local") else local)
+        if isinstance(param, DTensor):  # TP-split adapters, FSDP2-sharded modules trained whole
+            param.to_local().copy_(local.to_local())
+        else:
+            param.copy_(local)
 
 
 def base_state(model: nn.Module) -> dict[str, torch.Tensor]:
