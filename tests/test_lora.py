@@ -182,6 +182,8 @@ def test_a_lora_mistake_and_an_export_without_adapter_exit_2_with_one_line(run_f
     assert refused.returncode == 2 and "lora_target_parameters" in refused.stderr and "Traceback" not in refused.stderr
     empty = run_halo("export", "--merge", str(tmp_path), str(tmp_path / "merged"), cwd=tmp_path)
     assert empty.returncode == 2 and "holds no adapter" in empty.stderr and "Traceback" not in empty.stderr
+    unmerged = run_halo("export", str(tmp_path), str(tmp_path / "merged"), cwd=tmp_path)
+    assert unmerged.returncode == 2 and "add --merge" in unmerged.stderr and "Traceback" not in unmerged.stderr
 
 
 def test_grouped_dropout_is_the_direct_formula_while_training_and_off_in_eval():

@@ -73,6 +73,12 @@ def test_a_lora_run_that_cannot_work_is_refused_with_its_key(overrides, says):
     assert says in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_merge_adapter_without_an_adapter_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        _check("sft", ["--merge_adapter=true"], CONFIGS / "tiny-qwen3-moe.yaml")
+    assert "merge_adapter: true merges a LoRA adapter" in str(caught.value) and "use_peft: true" in str(caught.value)
+
+
 def test_one_module_name_is_a_name_not_a_regular_expression():
     """TRL's ModelConfig makes ``[q_proj]`` the string ``q_proj``, which PEFT would match as a whole-name regex."""
     from halo_core.lora.settings import lora_config

@@ -13,6 +13,9 @@ from halo_core.lora import settings
 def check_lora(run) -> None:
     fields = run.peft
     if not fields.get("use_peft"):
+        if run.halo.merge_adapter:
+            raise ConfigError(f"{run.source}: merge_adapter: true merges a LoRA adapter, but the run trains every weight (no use_peft: true); "
+                              f"remove merge_adapter, or set use_peft: true")
         return
     where = run.source
     for key in ("load_in_4bit", "load_in_8bit"):
