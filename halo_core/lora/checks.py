@@ -31,13 +31,6 @@ def check_lora(run) -> None:
         raise ConfigError(f"{where}: lora_dropout={dropout} must be in [0, 1), e.g. 0.0 or 0.05")
     if fields.get("use_dora"):
         raise ConfigError(f"{where}: use_dora: true (DoRA) is not supported on Halo's layouts; set use_dora: false")
-    from halo_core.parallel.plan import RUN_FIELDS
-
-    for split, field in RUN_FIELDS.items():
-        degree = getattr(run.halo, field)
-        if split not in settings.SPLITS and degree > 1:
-            raise ConfigError(f"{where}: use_peft with {field}={degree} is not supported yet; set {field}: 1 "
-                              f"(LoRA trains under {', '.join(RUN_FIELDS[s] for s in sorted(settings.SPLITS))} and data parallelism)")
     try:
         config = settings.lora_config(fields)
     except (ValueError, TypeError) as exc:

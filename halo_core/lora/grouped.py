@@ -69,7 +69,7 @@ def from_peft(lora_a: torch.Tensor, lora_b: torch.Tensor, num_experts: int) -> t
 
 def to_peft(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The inverse of ``from_peft``, for whole (all experts) tensors."""
-    num_experts, out_features = b.shape[0], b.shape[1]
+    out_features = b.shape[1]
     return a.reshape(-1, a.shape[-1]).contiguous(), b.permute(1, 2, 0).reshape(out_features, -1).contiguous()
 
 

@@ -37,8 +37,6 @@ class Adapters:
     experts: dict
     #: Names (``named_parameters``) of stock PEFT's dense adapter weights.
     dense: frozenset
-    #: Names of parameters trained whole (``lora_modules_to_save``, a sequence-classification head).
-    whole: frozenset
     #: What ``adapter_config.json`` names as the base (a folder or a hub id).
     base_model: str | None = None
 
@@ -239,8 +237,8 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
             if is_experts(module):
                 shards.setdefault(name, _ensure_shard(module))
         model.set_experts_implementation(IMPLEMENTATION)
-    trained_whole = _train_whole(model, targets.modules_to_save)
-    adapters = Adapters(config, dict(targets.experts), dense, frozenset(trained_whole), base_model)
+    _train_whole(model, targets.modules_to_save)
+    adapters = Adapters(config, dict(targets.experts), dense, base_model)
     attach(model, dataclasses.replace(
         layout, expert_params=layout.expert_params | expert_names, etp_whole=layout.etp_whole | whole_grad,
         outside_fsdp=layout.outside_fsdp | dense | expert_names, experts={**layout.experts, **shards}, adapters=adapters))
@@ -266,16 +264,13 @@ def for_model(config, model: nn.Module):
     return config
 
 
-def _train_whole(model: nn.Module, modules: tuple) -> set[str]:
+def _train_whole(model: nn.Module, modules: tuple) -> None:
     """``lora_modules_to_save`` trained in place (whole, as PEFT trains its copy of them)."""
     wanted = set(modules)
-    names = set()
     for target in sorted(wanted):
         hits = [n for n, _ in model.named_modules() if n == target or n.endswith("." + target)]
         if not hits:
             raise LoraError(f"lora_modules_to_save: {target!r} matches no module of {type(model).__name__}")
         for hit in hits:
-            for name, param in model.get_submodule(hit).named_parameters():
+            for param in model.get_submodule(hit).parameters():
                 param.requires_grad_(True)
-                names.add(f"{hit}.{name}")
-    return names
