@@ -1,0 +1,1 @@
+"""Reinforcement-learning pieces shared by the GRPO family: routing replay, importance sampling."""
