@@ -1,0 +1,100 @@
+"""Reward functions, by name from the ``halo.rewards`` entry-point group (``reward_funcs: [exact_answer, ...]``).
+
+Each is a TRL reward function, ``f(prompts, completions, **columns) -> list[float | None]``, so TRL's
+``GRPOTrainer`` takes it as it is; completions are strings or, for conversational data, lists of messages.
+``checked`` wraps one so that raising or returning the wrong number of rewards is an error naming it.
+
+Built-ins:
+- ``exact_answer``: 1.0 when the completion's last number equals the row's ``answer`` column, else 0.0
+  (the embedded arithmetic data).
+- ``number_format``: 1.0 when the completion is one number and nothing else (an answer the parser reads
+  without guessing), else 0.0.
+- ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
+  (assert statements) in a fresh Python subprocess under a time and a memory limit; 1.0 when every test passes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+import tempfile
+from importlib.metadata import entry_points
+from typing import Callable
+
+from halo_core.errors import ConfigError, HaloError
+
+ENTRY_POINT_GROUP = "halo.rewards"
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
+
+
+class RewardError(HaloError):
+    """A reward function that raised or returned something other than one reward per completion."""
+
+
+def text(completion) -> str:
+    """A completion's text: a string as it is, a conversation's assistant messages joined."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(m.get("content") or "" for m in completion if m.get("role", "assistant") == "assistant")
+
+
+def exact_answer(prompts, completions, answer, **kwargs) -> list[float]:
+    rewards = []
+    for completion, expected in zip(completions, answer):
+        numbers = _NUMBER.findall(text(completion))
+        rewards.append(1.0 if numbers and math.isclose(float(numbers[-1]), float(expected), rel_tol=0, abs_tol=1e-9) else 0.0)
+    return rewards
+
+
+def number_format(prompts, completions, **kwargs) -> list[float]:
+    return [1.0 if _NUMBER.fullmatch(text(c).strip()) else 0.0 for c in completions]
+
+
+def code_tests(prompts, completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, **kwargs) -> list[float]:
+    return [_run_tests(text(c), list(t), timeout_s, memory_mb) for c, t in zip(completions, tests)]
+
+
+def _run_tests(completion: str, tests: list[str], timeout_s: float, memory_mb: int) -> float:
+    blocks = _FENCE.findall(completion)
+    program = (blocks[-1] if blocks else completion) + "\n\n" + "\n".join(tests) + "\n"
+    limit = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory_mb << 20}, {memory_mb << 20}))\n"
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", limit + program], cwd=folder, capture_output=True, timeout=timeout_s,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return 0.0
+    return 1.0 if done.returncode == 0 else 0.0
+
+
+def checked(name: str, function: Callable) -> Callable:
+    """``function`` with its failures turned into one ``RewardError`` line naming it (TRL keeps ``__name__``)."""
+
+    def reward(prompts, completions, **kwargs):
+        try:
+            values = function(prompts, completions, **kwargs)
+        except Exception as exc:
+            raise RewardError(f"reward function {name!r} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(values, (list, tuple)) or len(values) != len(completions):
+            got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
+            raise RewardError(f"reward function {name!r} returned {got} rewards for {len(completions)} completions; it must return one per completion")
+        return list(values)
+
+    reward.__name__ = name
+    return reward
+
+
+def known_rewards() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_rewards(names: list[str]) -> list[Callable]:
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        raise ConfigError(f"reward_funcs: {unknown[0]!r} is unknown; installed rewards: {known_rewards()} "
+                          f"(a package declares one in the {ENTRY_POINT_GROUP!r} entry-point group)")
+    return [checked(n, found[n].load()) for n in names]
