@@ -30,7 +30,8 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int = 0
+    #: ``None``: draw from the process's generator (as TRL's ``generate`` does); an int: a generator of its own.
+    seed: int | None = None
 
 
 @dataclass
