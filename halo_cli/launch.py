@@ -41,8 +41,8 @@ def launch(
         raise ConfigError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (nodes are numbered 0..{nnodes - 1})")
     chosen = get_method(method)
     run = load_run_config(method, chosen.config_class, config, parse_overrides(list(ctx.args)))
-    check_run(run)
     world = nproc * nnodes
+    check_run(run, world)
     layout = check_layout(run, world)
     check_resume(run)
     if dry_run:

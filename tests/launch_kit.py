@@ -50,8 +50,8 @@ def _assistant(text: str) -> list[dict]:
 
 def uneven_rows(kind: str, count: int = 64, seed: int = 11) -> list[dict]:
     """Rows in TRL's format for ``kind``: ``completion`` (prompt, completion), ``preference`` (prompt, chosen,
-    rejected), ``unpaired`` (prompt, completion, label: bool), ``labelled`` (text, label: int of 3); lengths of
-    1 to 40 numbers."""
+    rejected), ``unpaired`` (prompt, completion, label: bool), ``labelled`` (text, label: int of 3), ``prompts``
+    (prompt), ``groups`` (prompt, completions, rewards); lengths of 1 to 40 numbers."""
     draw = random.Random(seed)
     rows = []
     for index in range(count):
@@ -65,6 +65,11 @@ def uneven_rows(kind: str, count: int = 64, seed: int = 11) -> list[dict]:
             rows.append({"prompt": prompt, "completion": _assistant(numbers), "label": draw.random() < 0.5})
         elif kind == "labelled":
             rows.append({"text": numbers, "label": index % 3})
+        elif kind == "prompts":  # GRPO: the prompt alone (the test rewards read the completions)
+            rows.append({"prompt": _user(f"Repeat {numbers}")})
+        elif kind == "groups":  # offline GRPO: four completions of uneven lengths, uneven rewards (ties included)
+            completions = [_assistant(_numbers(draw)[1]) for _ in range(4)]
+            rows.append({"prompt": prompt, "completions": completions, "rewards": [float(draw.randrange(3)) for _ in range(4)]})
         else:
             raise ValueError(kind)
     return rows

@@ -76,7 +76,7 @@ def check_sequence_class(run: RunConfig) -> None:
         )
 
 
-def check(run: RunConfig, args) -> None:
+def check(run: RunConfig, args, world: int = 1) -> None:
     from halo_core.trainers.parts.data import first_rows
 
     fix = "set num_labels: N in the YAML (or -- --num_labels=N), N the number of classes, labels 0 .. N-1"

@@ -73,7 +73,7 @@ class HaloKTOTrainer(DistributedTrainerMixin, KTOTrainer):
         return logps[own], None if kl_logps is None else kl_logps[own]
 
 
-def check(run: RunConfig, args) -> None:
+def check(run: RunConfig, args, world: int = 1) -> None:
     """KTO's own refusals before start: labels that are not booleans, weights and loss types TRL would take
     and then fail on (or train nonsense with), and what TRL's trainer refuses in every rank at once."""
     from halo_core.trainers.parts.data import first_rows

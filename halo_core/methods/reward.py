@@ -27,7 +27,7 @@ def run(run: RunConfig) -> None:
     train(run, HaloRewardTrainer, RewardConfig, num_labels=lambda args: 1)  # one scalar reward per sequence
 
 
-def check(run: RunConfig, args) -> None:
+def check(run: RunConfig, args, world: int = 1) -> None:
     from halo_core.methods.classify import check_sequence_class
 
     check_sequence_class(run)

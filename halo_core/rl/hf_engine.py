@@ -101,6 +101,9 @@ class _BatchDone(StoppingCriteria):
 
 
 class HFEngine:
+    #: The engine is the training model: no weights to send after a step.
+    shares_weights = True
+
     def __init__(self, model, tokenizer, generation_config: GenerationConfig | None = None, group=None):
         self.model, self.tokenizer, self.config, self.group = model, tokenizer, generation_config, group
 
@@ -120,7 +123,9 @@ class HFEngine:
         config = self._config(params)
         eos = config.eos_token_id if config.eos_token_id is not None else self.tokenizer.eos_token_id
         eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        config.eos_token_id = None  # _BatchDone stops the batch; generate must not stop this rank on its own
+        # _BatchDone stops the batch; generate must not stop this rank on its own. An unset eos_token_id would be taken
+        # from the model's generation config, so it is set to an id no vocabulary row has.
+        config.eos_token_id = [self.model.config.get_text_config().vocab_size]
         pad = config.pad_token_id = config.pad_token_id if config.pad_token_id is not None else eos[0]
         rows = [p for p in prompts for _ in range(params.num_generations)]
         width = max(len(p) for p in rows)
@@ -141,7 +146,7 @@ class HFEngine:
         self.model.eval()
         try:
             out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=[draw],
-                                      stopping_criteria=[_BatchDone(eos, self.group, multi)])
+                                      stopping_criteria=[_BatchDone(eos, self.group, multi)], synced_gpus=False)
         finally:
             self.model.train(was_training)
         new = out[:, width:].tolist()

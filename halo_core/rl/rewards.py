@@ -7,6 +7,8 @@ Each is a TRL reward function, ``f(prompts, completions, **columns) -> list[floa
 Built-ins:
 - ``exact_answer``: 1.0 when the completion's last number equals the row's ``answer`` column, else 0.0
   (the embedded arithmetic data).
+- ``close_answer``: partial credit for a near miss, ``max(0, 1 - |last number - answer| / 10)`` (a dense signal
+  for a policy that rarely hits the exact answer yet).
 - ``number_format``: 1.0 when the completion is one number and nothing else (an answer the parser reads
   without guessing), else 0.0.
 - ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
@@ -46,6 +48,15 @@ def exact_answer(prompts, completions, answer, **kwargs) -> list[float]:
     for completion, expected in zip(completions, answer):
         numbers = _NUMBER.findall(text(completion))
         rewards.append(1.0 if numbers and math.isclose(float(numbers[-1]), float(expected), rel_tol=0, abs_tol=1e-9) else 0.0)
+    return rewards
+
+
+def close_answer(prompts, completions, answer, scale: float = 10.0, **kwargs) -> list[float]:
+    rewards = []
+    for completion, expected in zip(completions, answer):
+        numbers = _NUMBER.findall(text(completion))
+        off = abs(float(numbers[-1]) - float(expected)) if numbers else scale
+        rewards.append(max(0.0, 1.0 - off / scale))
     return rewards
 
 
@@ -91,10 +102,33 @@ def known_rewards() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-def load_rewards(names: list[str]) -> list[Callable]:
+def resolve(name: str) -> Callable | None:
+    """A reward by name, as TRL's ``grpo`` script finds one, with the ``halo.rewards`` group first: an entry point
+    of that group, a function of ``trl.rewards``, or a dotted import path (``my_lib.rewards.custom``)."""
+    import importlib
+
     found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    unknown = [n for n in names if n not in found]
-    if unknown:
-        raise ConfigError(f"reward_funcs: {unknown[0]!r} is unknown; installed rewards: {known_rewards()} "
-                          f"(a package declares one in the {ENTRY_POINT_GROUP!r} entry-point group)")
-    return [checked(n, found[n].load()) for n in names]
+    if name in found:
+        return found[name].load()
+    import trl.rewards
+
+    if callable(getattr(trl.rewards, name, None)):
+        return getattr(trl.rewards, name)
+    module, _, attribute = name.rpartition(".")
+    if module:
+        try:
+            return getattr(importlib.import_module(module), attribute, None)
+        except ImportError:
+            return None
+    return None
+
+
+def load_rewards(names: list[str]) -> list[Callable]:
+    functions = []
+    for name in names:
+        function = resolve(name)
+        if not callable(function):
+            raise ConfigError(f"reward_funcs: {name!r} is unknown; installed rewards: {known_rewards()}, TRL's trl.rewards names, "
+                              f"or a dotted import path (a package declares one in the {ENTRY_POINT_GROUP!r} entry-point group)")
+        functions.append(checked(name, function))
+    return functions

@@ -125,3 +125,24 @@ class RoutingReplay:
                 handle.remove()
             for mode in active.values():
                 mode.__exit__(None, None, None)
+
+
+def route_rows(routes: Routes, rows: int) -> list[torch.Tensor]:
+    """Recorded routes as per-row tensors, one per top-k call of a router's forward: ``[rows, tokens, routers, k]``
+    (routers in ``routes``' order), so they can be shuffled and split along with the batch they were recorded on.
+    The pass may have run the rows in consecutive chunks (one router forward each); a router sees its forward's
+    ``rows x tokens`` flattened row-major, as the MoE blocks flatten their input."""
+    names = list(routes)
+    calls = len(routes[names[0]][0])
+    per_call = []
+    for call in range(calls):
+        stacked = torch.stack([torch.cat([forward[call] for forward in routes[name]]) for name in names], dim=1)
+        per_call.append(stacked.reshape(rows, -1, *stacked.shape[1:]))
+    return per_call
+
+
+def row_routes(per_call: list[torch.Tensor], names: list[str]) -> Routes:
+    """``route_rows``' tensors (of the rows one forward runs) back as one recorded forward per router."""
+    if not per_call:
+        raise RoutingReplayError("the batch carries no recorded routes; record them in the pass that took the log-probs")
+    return {name: [[rows[:, :, index].reshape(-1, rows.shape[-1]) for rows in per_call]] for index, name in enumerate(names)}

@@ -21,8 +21,8 @@ class Method:
     splits: frozenset[str] = frozenset({"ep"})
     #: Columns every training row needs (after a source's ``columns`` renames); ``"a|b"`` accepts either.
     columns: tuple[str, ...] = ()
-    #: Refusals of the method's own, before any process starts: ``check(run, args)`` raises ``ConfigError``
-    #: (``args``: the method's config dataclass as the worker will build it).
+    #: Refusals of the method's own, before any process starts: ``check(run, args, world)`` raises ``ConfigError``
+    #: (``args``: the method's config dataclass as the worker will build it; ``world``: the launch's process count).
     check: Callable | None = None
     #: The trainer class the worker builds (documentation: ``halo methods matrix``).
     trainer: type | None = None

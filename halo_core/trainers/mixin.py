@@ -67,6 +67,19 @@ class DistributedTrainerMixin:
         """The CP x TP group's rows joined (``halo_sequence_loss``), and this rank's rows in them."""
         return pool_rows(inputs, layout_of(self.model), self._halo_pad_token_id(), self.halo_row_groups)
 
+    def halo_batch_sum(self, counts: "torch.Tensor") -> tuple["torch.Tensor", int]:
+        """``counts`` over the rows this rank computes on (its CP x TP pool's with ``halo_sequence_loss``) summed over the
+        data-parallel ranks, and their number. A loss normalised by the whole batch's count is a rank's share times that
+        number: ``sync_gradients`` divides by it."""
+        import torch.distributed as dist
+
+        dims = layout_of(self.model).dims
+        if dims.dp == 1:
+            return counts, 1
+        total = counts.detach().clone()
+        dist.all_reduce(total, group=layout_of(self.model).group("dp"))
+        return total, dims.dp
+
     # -- optimizer -------------------------------------------------------------------------
 
     def create_optimizer(self, model=None):

@@ -21,6 +21,11 @@ def _steps_strategy(strategy: str) -> Callable[[Any], bool]:
     return lambda args: getattr(args, strategy, None) == "steps"
 
 
+def _is_rl(args) -> bool:
+    """GRPO's configs: their ``beta`` weighs a KL penalty (0 allowed), not a preference loss's temperature."""
+    return hasattr(args, "num_generations")
+
+
 class Range(NamedTuple):
     field: str
     accepted: Callable[[Any], bool]
@@ -50,12 +55,14 @@ RANGES = tuple(Range(*rule) for rule in (
     ("data_seed", lambda v: v is None or 0 <= v < 2**32, _SEED_RANGE),
     ("max_length", lambda v: v is None or v >= 1, "at least 1 token, or empty for no truncation"),
     ("dataset_num_proc", lambda v: v is None or v >= 1, "at least 1, or empty for one process"),
-    ("beta", lambda v: v is None or v > 0, "above 0 (the preference loss's inverse temperature), e.g. 0.1"),
+    ("beta", lambda v: v is None or v > 0, "above 0 (the preference loss's inverse temperature), e.g. 0.1", lambda a: not _is_rl(a)),
+    ("beta", lambda v: v >= 0, "0 or above (the KL penalty's weight; 0 keeps no reference policy)", _is_rl),
 ))
 
 
-def check_run(run: RunConfig) -> None:
-    """Refuse what every rank would fail on; ``check_layout`` then checks the parallel layout."""
+def check_run(run: RunConfig, world: int = 1) -> None:
+    """Refuse what every rank would fail on (``world``: the launch's process count); ``check_layout`` then checks the
+    parallel layout."""
     from halo_core.trainers.method import get_method
 
     check_model_source(run)
@@ -64,7 +71,7 @@ def check_run(run: RunConfig) -> None:
     method = get_method(run.method)
     check_columns(run, method.columns)
     if method.check is not None:
-        method.check(run, args)
+        method.check(run, args, world)
     from halo_core.lora.checks import check_lora
 
     check_lora(run)

@@ -7,7 +7,8 @@ within a few hundred steps on a CPU, so the first run shows a falling loss. The
 preference, KTO and classification sets pose the same sums with a right answer (chosen,
 desirable, label 1) and a hedged one off by 1 to 9 (rejected, undesirable, label 0), in
 TRL's formats; the hedge is a signal a tiny random-init model finds within a minute (the
-arithmetic alone it does not), so every method's metric visibly moves.
+arithmetic alone it does not), so every method's metric visibly moves. GRPO's prompts carry their
+answer (the ``exact_answer`` reward); offline GRPO's groups carry four scored completions each.
 """
 
 from __future__ import annotations
@@ -103,6 +104,32 @@ def labelled(seed: int = 3, count: int = 2000) -> list[dict]:
     return rows
 
 
+def prompts(seed: int = 4, count: int = 2000) -> list[dict]:
+    """GRPO prompts with the answer the ``exact_answer`` reward checks: prompt, answer."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        question, right, _ = _sum(rng)
+        rows.append({"prompt": [{"role": "user", "content": question}], "answer": int(right.rsplit(" ", 1)[1])})
+    return rows
+
+
+def groups(seed: int = 5, count: int = 1000) -> list[dict]:
+    """Offline GRPO groups: prompt, completions, rewards (1 for the right sum, 0 for a wrong one, half off for the
+    hedge), four completions a prompt in a shuffled order."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        question, right, wrong = _sum(rng)
+        plain_wrong = wrong.removesuffix(", I think")
+        scored = [(right, 1.0), (right + ", I think", 0.5), (plain_wrong, 0.0), (wrong, -0.5)]
+        rng.shuffle(scored)
+        rows.append({"prompt": [{"role": "user", "content": question}],
+                     "completions": [[{"role": "assistant", "content": text}] for text, _ in scored],
+                     "rewards": [reward for _, reward in scored]})
+    return rows
+
+
 def _write(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -118,6 +145,8 @@ def main() -> None:
     _write(data / "preference.jsonl", preferences())
     _write(data / "unpaired.jsonl", unpaired())
     _write(data / "labelled.jsonl", labelled())
+    _write(data / "prompts.jsonl", prompts())
+    _write(data / "groups.jsonl", groups())
 
     texts = [m["content"] for r in rows for m in r["prompt"] + r["completion"]]
     tokenizer = Tokenizer(models.BPE())

@@ -16,7 +16,9 @@ class ThroughputMeter:
         self.tokens: torch.Tensor | int = 0
         self.since = time.perf_counter()
 
-    def count(self, inputs: dict) -> None:
+    def count(self, inputs) -> None:
+        if not isinstance(inputs, dict):  # raw rows (GRPO builds its batch later and counts it there)
+            return
         mask = inputs.get("attention_mask")
         ids = inputs.get("input_ids")
         if mask is not None:

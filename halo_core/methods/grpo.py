@@ -1,0 +1,214 @@
+"""Online GRPO with verifiable rewards: ``HaloGRPOTrainer(DistributedTrainerMixin, trl.GRPOTrainer)``, method ``grpo``.
+
+TRL's trainer runs unchanged (its ``GRPOConfig`` keys, sampler, reward weighting, advantages, losses, metrics)
+with three parts swapped in at its seams:
+
+- **Rollouts** come from an engine named by ``rollout_engine`` (``halo.rollout_engines``; ``hf``, the built-in,
+  generates in process on the laid-out model) through ``_generate_single_turn``. The engine's per-token
+  log-probs feed TRL's own truncated importance-sampling correction (its ``vllm_importance_sampling_*`` keys),
+  which TRL gates on ``use_vllm``: the gate is opened, TRL's vLLM client is never built.
+- **Routing replay** (``routing_replay``, MoE models): the old-policy pass records every router's top-k choice
+  (``RoutingReplay``); the choices travel with the batch as per-row tensors (TRL shuffles and splits the
+  generation batch by rows) and the loss pass replays them, with gate weights from the live router.
+- **Rewards** are named (``reward_funcs: [exact_answer, ...]``): the ``halo.rewards`` group, TRL's
+  ``trl.rewards`` names, or a dotted import path, as TRL's ``grpo`` script takes them.
+
+Every layout equals one process: the engine draws the whole data-parallel batch's tokens (``hf_engine``),
+TRL's shuffle draws its permutation over the whole batch, and ``bnpo``'s per-rank token mean is rescaled to the
+batch's. CP is not offered (generation runs whole sequences); TP not yet (its ranks would generate jointly).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import trl.trainer.grpo_trainer
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
+
+from halo_core.errors import ConfigError
+from halo_core.parallel.fsdp import reshard_all
+from halo_core.parallel.layout_state import layout_of
+from halo_core.rl.engines import SamplingParams, engine_factory, known_engines
+from halo_core.rl.rewards import load_rewards
+from halo_core.rl.routing import RoutingReplay, RoutingReplayError, route_rows, row_routes
+from halo_core.trainers.method import Method
+from halo_core.trainers.mixin import DistributedTrainerMixin
+from halo_core.trainers.run_config import RunConfig
+
+_ROUTES = "halo_routes_"  # batch keys of the recorded routes, one per top-k call of a router's forward
+
+
+@dataclass
+class HaloGRPOConfig(GRPOConfig):
+    """``GRPOConfig`` plus what picks the rollouts and rewards."""
+
+    reward_funcs: list[str] = field(default_factory=list, metadata={
+        "help": "Reward functions by name: the halo.rewards group (exact_answer, number_format, code_tests), TRL's trl.rewards "
+                "names, or dotted import paths (my_lib.rewards.f). Required."})
+    rollout_engine: str = field(default="hf", metadata={"help": "The rollout engine (halo.rollout_engines): hf generates in process on the laid-out model."})
+    routing_replay: bool = field(default=True, metadata={
+        "help": "MoE models: replay in the loss pass the experts every token was routed to when its old log-probs were taken."})
+
+
+class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
+    """TRL's GRPOTrainer on a Halo layout, its rollouts from a rollout engine."""
+
+    def __init__(self, *args, ref_model=None, **kwargs):
+        config = kwargs["args"]
+        kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs))
+        with _reference(ref_model):
+            super().__init__(*args, **kwargs)
+        self.use_vllm = True  # opens TRL's importance-sampling gate (see the module docstring); generation is ours
+        self._halo_replay = _replay_for(self.model) if config.routing_replay else None
+        self._halo_scoring = False
+        self._halo_recorded = None
+        self._halo_replaying = None
+        self._halo_replay_on = ExitStack()
+        self._halo_synced_step = -1
+        group = layout_of(self.model).group("dp") if dist.is_initialized() else None
+        self._halo_engine = engine_factory(config.rollout_engine)(model=self.model, tokenizer=self._tokenizer, args=config,
+                                                                generation_config=self.generation_config, group=group)
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        if images is not None or multimodal_fields:
+            raise NotImplementedError("Halo's GRPO takes text prompts; image inputs are not supported yet")
+        engine = self._halo_engine
+        if not getattr(engine, "shares_weights", False) and self.state.global_step != self._halo_synced_step:
+            from halo_core.parallel.state_dict import full_state_dict
+
+            engine.update_weights(full_state_dict(self.model).items())  # every rank gathers; rank 0 holds the tensors
+            self._halo_synced_step = self.state.global_step
+        # TRL's rows repeat each prompt num_generations times already: one completion per row.
+        params = SamplingParams(num_generations=1, max_completion_length=self.max_completion_length, temperature=self.temperature,
+                                top_p=self.top_p, top_k=self.top_k or 0)
+        rollout = engine.generate(prompt_ids, params)
+        reshard_all(self.model)  # forwards without a backward leave FSDP2's root unit gathered
+        return rollout.completion_ids, rollout.logprobs
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's, with the generation batch's shuffle drawn over the whole data-parallel batch (``_shuffle``), so
+        every rank's generator stays where one process's is and the next rollout draws the same tokens."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        if self._step % generate_every == 0 or self._buffered_inputs is None:
+            batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))
+            batches = split_tensor_dict(self._shuffle(batch), self.args.steps_per_generation)
+            self._buffered_inputs = [unsplit_pixel_values_by_grid(b) for b in batches]
+        return self._buffered_inputs[self._step % self.args.steps_per_generation]
+
+    def _shuffle(self, batch: dict) -> dict:
+        rows = len(batch["prompt_ids"])
+        counts = [rows]
+        if dist.is_initialized():
+            counts = [None] * dist.get_world_size()
+            dist.all_gather_object(counts, rows)
+        start = sum(counts[: dist.get_rank()]) if dist.is_initialized() else 0
+        order = torch.randperm(sum(counts))
+        mine = order[(order >= start) & (order < start + rows)] - start  # own rows, in the whole batch's order
+        return {k: v if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0) else
+                (v[mine] if isinstance(v, torch.Tensor) else [v[i] for i in mine.tolist()]) for k, v in batch.items()}
+
+    # -- routing replay -----------------------------------------------------------------------
+
+    def _generate_and_score_completions(self, inputs):
+        self._halo_scoring, self._halo_recorded = True, None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._halo_scoring = False
+        if self._halo_replay is not None:
+            if self._halo_recorded is None:  # TRL took no old log-probs (one update per batch, no IS): take them now
+                ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+                mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+                with torch.no_grad():
+                    self._get_per_token_logps_and_entropies(self.model, ids, mask, output["completion_ids"].size(1),
+                                                            batch_size=self.args.per_device_train_batch_size)
+            for call, rows in enumerate(self._halo_recorded):
+                output[f"{_ROUTES}{call}"] = rows
+        return output
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs):
+        inner = super()._get_per_token_logps_and_entropies
+        replay = self._halo_replay
+        if replay is None or (self._halo_scoring and model is not self.model):
+            return inner(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
+        if self._halo_scoring:  # the old-policy pass: record
+            with replay.record() as routes:
+                result = inner(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
+            reshard_all(self.model)
+            self._halo_recorded = route_rows(routes, input_ids.shape[0])
+            return result
+        # Left on until the step's backward is done: checkpointed layers recompute their routers there.
+        self._halo_replay_on.enter_context(replay.replay(row_routes(self._halo_replaying, list(replay.routers))))
+        return inner(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._halo_replay_on.close()
+
+    def _compute_loss(self, model, inputs):
+        self._halo_replay_on.close()
+        self._halo_replaying = [inputs[k] for k in sorted(k for k in inputs if k.startswith(_ROUTES))]
+        if model.training:
+            self._halo_meter.count({"attention_mask": torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)})
+        loss = super()._compute_loss(model, inputs)
+        if self.loss_type == "bnpo":
+            # TRL divides by this rank's tokens; the batch's mean divides every rank's sum by the whole batch's.
+            tokens = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).sum().to(loss.dtype).clamp(min=1.0)
+            total, shares = self.halo_batch_sum(tokens)
+            loss = loss * tokens * shares / total
+        return loss
+
+
+def _replay_for(model) -> RoutingReplay | None:
+    """The model's routers, or ``None`` for a model with no MoE blocks (nothing to replay)."""
+    try:
+        return RoutingReplay.for_model(model)
+    except RoutingReplayError:
+        return None
+
+
+@contextmanager
+def _reference(model):
+    """TRL builds GRPO's reference (``beta`` > 0) from the policy's hub id; Halo's is built and laid out as the policy."""
+    original = trl.trainer.grpo_trainer.create_model_from_path
+    trl.trainer.grpo_trainer.create_model_from_path = lambda *args, **kwargs: model
+    try:
+        yield
+    finally:
+        trl.trainer.grpo_trainer.create_model_from_path = original
+
+
+def run(run: RunConfig) -> None:
+    from halo_core.trainers.runtime import train
+
+    train(run, HaloGRPOTrainer, HaloGRPOConfig, reference=lambda args: args.beta != 0.0)
+
+
+def check(run: RunConfig, args, world: int = 1) -> None:
+    if not args.reward_funcs:
+        raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
+    load_rewards(args.reward_funcs)
+    if args.rollout_engine not in known_engines():
+        engine_factory(args.rollout_engine)  # raises, naming the key and the installed engines
+    dims = run.halo.parallel_config()
+    dp = world // (dims.cp * dims.tp)
+    rows = args.per_device_train_batch_size * dp * args.steps_per_generation
+    if rows % args.num_generations:
+        raise ConfigError(
+            f"{run.source}: num_generations={args.num_generations} must divide the generation batch, per_device_train_batch_size "
+            f"({args.per_device_train_batch_size}) x data-parallel ranks ({dp}) x steps_per_generation ({args.steps_per_generation}) "
+            f"= {rows}; change num_generations or per_device_train_batch_size")
+
+
+METHOD = Method(name="grpo", config_class=HaloGRPOConfig, run=run, trainer=HaloGRPOTrainer, splits=frozenset({"ep", "etp"}),
+                columns=("prompt",), check=check)

@@ -1,0 +1,104 @@
+"""`halo launch offline-grpo`: the trainer's loss is the direct formula of each loss type on the model's own
+log-probs and hand-computed advantages; every declared split equals one process (losses within 1e-5, post-SGD
+weights within 1e-4) on groups whose completions differ in length; malformed groups are refused before start."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from halo_core.testing.compare import assert_close
+from launch_kit import HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+
+LAYOUTS = {name: TWO_RANKS[name] for name in ("ep2", "tp2", "etp2")}  # the method's splits (no cp)
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("offline_grpo"), "groups", "loss_type: bnpo\n")
+
+
+@pytest.fixture(scope="module")
+def single(run_file):
+    return launch("offline-grpo", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"], common=HEAD_COMMON)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
+    nproc, layout = LAYOUTS[name]
+    out = launch("offline-grpo", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON)
+    assert len(logged(single, "loss")) == STEPS
+    assert any(abs(x) > 1e-3 for x in logged(single, "loss"))  # bnpo over uneven lengths: the loss is not trivially 0
+    for key in ("loss", "logps/completion", "advantages/abs_mean"):
+        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
+    expected = weights(single)
+    for key, tensor in weights(out).items():
+        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+
+
+def _direct(model, rows, loss_type, max_completion_length=64):
+    """GRPO's loss written out: per completion its tokens' log-probs from the full softmax, ratio 1, advantage A."""
+    per_sequence, token_sums, tokens = [], 0.0, 0
+    for prompt_ids, completion_ids, advantage in rows:
+        ids = torch.tensor([prompt_ids + completion_ids])
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].log_softmax(-1)
+        logp = logits.gather(-1, torch.tensor(completion_ids).unsqueeze(-1)).squeeze(-1)
+        term = -(torch.exp(logp - logp.detach()) * advantage)
+        per_sequence.append(term.mean())
+        token_sums, tokens = token_sums + term.sum(), tokens + len(completion_ids)
+    if loss_type == "grpo":
+        return torch.stack(per_sequence).mean()
+    if loss_type == "bnpo":
+        return token_sums / tokens
+    return token_sums / (len(rows) * max_completion_length)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+@pytest.mark.parametrize("normalizer", ["z_norm", "quantile_norm"])
+def test_the_trainers_loss_is_the_direct_formula(tmp_path, loss_type, normalizer):
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from halo_core.methods.offline_grpo import OfflineGRPOConfig, OfflineGRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    groups = [{"prompt": "1 2 3", "completions": ["4", "4 5 6 7", "9 9"], "rewards": [1.0, 0.0, 3.0]},
+              {"prompt": "8", "completions": ["1 1 1 1 1", "2"], "rewards": [0.5, 0.5]}]  # a flat group: no signal
+    args = OfflineGRPOConfig(output_dir=str(tmp_path), loss_type=loss_type, advantage_normalizer=normalizer, max_completion_length=64,
+                             use_cpu=True, report_to="none", per_device_train_batch_size=5)
+    trainer = OfflineGRPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(groups), processing_class=tokenizer)
+    flat = trainer.train_dataset
+    assert len(flat) == 5
+    batch = trainer.data_collator([flat[i] for i in range(5)])
+    loss = trainer.compute_loss(model, batch)
+    from halo_core.rl.advantages import group_advantages
+
+    advantages = torch.cat([group_advantages(torch.tensor(g["rewards"]), normalizer) for g in groups])
+    rows = [(flat[i]["prompt_ids"], flat[i]["completion_ids"], advantages[i]) for i in range(5)]
+    assert all(r[1][-1] == tokenizer.eos_token_id for r in rows)  # text completions end with EOS, as TRL's do
+    expected = _direct(model, rows, loss_type)
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    grads = torch.autograd.grad(loss, model.lm_head.weight)[0]
+    direct = torch.autograd.grad(_direct(model, rows, loss_type), model.lm_head.weight)[0]
+    torch.testing.assert_close(grads, direct, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "1", "completions": ["a", "b"], "rewards": [1.0]}, "row 1 has 2 completions and 1 rewards"),
+    ({"prompt": "1", "completions": ["a"], "rewards": [1.0]}, "row 1 has 1 completion; a group needs at least 2"),
+])
+def test_malformed_groups_are_refused_before_start(tmp_path, row, message):
+    import subprocess
+    import sys
+
+    (tmp_path / "groups.jsonl").write_text(json.dumps(row) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: groups.jsonl\n")
+    done = subprocess.run([sys.executable, "-m", "halo_cli", "launch", "offline-grpo", str(config), "--dry-run"], capture_output=True, text=True)
+    assert done.returncode == 2 and re.search(re.escape(message), done.stderr + done.stdout), done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
