@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
@@ -23,14 +24,15 @@ def _model():
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32).eval()
 
 
-def _config(tokenizer) -> GenerationConfig:
+def _config(tokenizer, **extra) -> GenerationConfig:
     return GenerationConfig(do_sample=True, temperature=0.9, top_p=0.95, top_k=50, pad_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id, max_new_tokens=PARAMS.max_completion_length)
+                            eos_token_id=tokenizer.eos_token_id, max_new_tokens=PARAMS.max_completion_length, **extra)
 
 
-def test_one_process_samples_what_stock_generate_samples():
+@pytest.mark.parametrize("extra", [{}, {"min_new_tokens": 6, "repetition_penalty": 1.3, "min_p": 0.01}], ids=["sampling", "processors"])
+def test_one_process_samples_what_stock_generate_samples(extra):
     model, tokenizer = _model(), AutoTokenizer.from_pretrained(TINY)
-    engine = HFEngine(model, tokenizer, _config(tokenizer))
+    engine = HFEngine(model, tokenizer, _config(tokenizer, **extra))
     torch.manual_seed(3)
     rollout = engine.generate(PROMPTS, PARAMS)
     after = torch.get_rng_state()
@@ -39,7 +41,7 @@ def test_one_process_samples_what_stock_generate_samples():
     pad = tokenizer.pad_token_id
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows])
     torch.manual_seed(3)
-    stock = model.generate(input_ids=ids, attention_mask=(ids != pad).long(), generation_config=_config(tokenizer),
+    stock = model.generate(input_ids=ids, attention_mask=(ids != pad).long(), generation_config=_config(tokenizer, **extra),
                            return_dict_in_generate=True, output_scores=True)
     assert torch.equal(torch.get_rng_state(), after)  # the process's generator moved on exactly as stock's did
     scores = torch.stack(stock.scores, dim=1).log_softmax(-1)
@@ -53,6 +55,7 @@ def test_one_process_samples_what_stock_generate_samples():
         torch.testing.assert_close(torch.tensor(logprobs), expected, rtol=1e-5, atol=1e-5)
         distinct.add(tuple(completion))
     assert len(distinct) > 1  # sampled, not greedy
+    assert all(len(c) >= extra.get("min_new_tokens", 1) for c in rollout.completion_ids)
 
 
 def test_an_own_seed_leaves_the_process_generator_alone():

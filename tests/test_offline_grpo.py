@@ -32,7 +32,7 @@ def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, r
     out = launch("offline-grpo", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON)
     assert len(logged(single, "loss")) == STEPS
     assert any(abs(x) > 1e-3 for x in logged(single, "loss"))  # bnpo over uneven lengths: the loss is not trivially 0
-    for key in ("loss", "logps/completion", "advantages/abs_mean"):
+    for key in ("loss", "logps/better", "logps/worse", "advantages/abs_mean"):
         assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
     expected = weights(single)
     for key, tensor in weights(out).items():

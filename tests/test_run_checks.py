@@ -18,11 +18,11 @@ CONFIGS = sorted((Path(__file__).resolve().parents[1] / "templates" / "configs")
 
 
 def method_of(config: Path) -> str:
-    """A bundled config names its method after the model: ``tiny-qwen3-moe-dpo.yaml``; SFT's has none."""
+    """A bundled config ends in its method's name: ``tiny-qwen3-moe-dpo.yaml``, ``tiny-offline-grpo.yaml``; SFT's has none."""
     from halo_core.trainers.method import known_methods
 
-    suffix = config.stem.rsplit("-", 1)[-1]
-    return suffix if suffix in known_methods() else "sft"
+    ending = [m for m in known_methods() if config.stem.endswith(f"-{m}")]
+    return max(ending, key=len) if ending else "sft"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)

@@ -10,7 +10,7 @@ from halo_core.errors import ConfigError
 from halo_core.lora import settings
 
 
-def check_lora(run) -> None:
+def check_lora(run, world: int = 1) -> None:
     fields = run.peft
     if not fields.get("use_peft"):
         if run.halo.merge_adapter:
@@ -37,7 +37,7 @@ def check_lora(run) -> None:
         raise ConfigError(f"{where}: the LoRA keys do not make a peft.LoraConfig: {' '.join(str(exc).split())}") from None
     model = _meta_model(run)
     if model is not None:
-        _check_targets(run, model, config)
+        _check_targets(run, model, config, world)
 
 
 def _meta_model(run):
@@ -59,7 +59,7 @@ def _meta_model(run):
         return model_class_for(hf_config, sequence_classification=head).from_config(hf_config, **extra)
 
 
-def _check_targets(run, model, config) -> None:
+def _check_targets(run, model, config, world: int = 1) -> None:
     from halo_core.lora.inject import LoraError, for_model, inject_dense, inject_parameter, plan_targets
 
     config = for_model(config, model)
@@ -82,7 +82,7 @@ def _check_targets(run, model, config) -> None:
     from halo_core.parallel.plan import GROUPED_MM_ALIGNMENT
     from halo_core.trainers.run_checks import method_config
 
-    itemsize = 2 if method_config(run).bf16 else 4
+    itemsize = 2 if method_config(run, world).bf16 else 4
     for key in targets.parameters:
         rank, _ = _rank_and_alpha(config, key)
         if key.rsplit(".", 1)[0] in targets.experts and rank * itemsize % GROUPED_MM_ALIGNMENT:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import trl.trainer.grpo_trainer
+from accelerate.utils import set_seed
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
@@ -63,6 +64,9 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         with _reference(ref_model):
             super().__init__(*args, **kwargs)
         self.use_vllm = True  # opens TRL's importance-sampling gate (see the module docstring); generation is ours
+        # TRL seeds each process apart (seed + rank) so that ranks sampling alone do not repeat each other; the engine
+        # draws the whole batch at once, and needs every rank's generator where one process's is (rank 0's already is).
+        set_seed(config.seed)
         self._halo_replay = _replay_for(self.model) if config.routing_replay else None
         self._halo_scoring = False
         self._halo_recorded = None
@@ -195,19 +199,13 @@ def run(run: RunConfig) -> None:
 
 
 def check(run: RunConfig, args, world: int = 1) -> None:
+    """Rewards and engine by name (the generation batch against num_generations is GRPOConfig's own check, at the
+    launch's world size)."""
     if not args.reward_funcs:
         raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
     load_rewards(args.reward_funcs)
     if args.rollout_engine not in known_engines():
         engine_factory(args.rollout_engine)  # raises, naming the key and the installed engines
-    dims = run.halo.parallel_config()
-    dp = world // (dims.cp * dims.tp)
-    rows = args.per_device_train_batch_size * dp * args.steps_per_generation
-    if rows % args.num_generations:
-        raise ConfigError(
-            f"{run.source}: num_generations={args.num_generations} must divide the generation batch, per_device_train_batch_size "
-            f"({args.per_device_train_batch_size}) x data-parallel ranks ({dp}) x steps_per_generation ({args.steps_per_generation}) "
-            f"= {rows}; change num_generations or per_device_train_batch_size")
 
 
 METHOD = Method(name="grpo", config_class=HaloGRPOConfig, run=run, trainer=HaloGRPOTrainer, splits=frozenset({"ep", "etp"}),

@@ -132,10 +132,16 @@ class OfflineGRPOTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def _log_batch(self, inputs, mask, logps, totals) -> None:
+        """Mean token log-prob of the completions better than their group (advantage > 0) and worse (< 0): their
+        margin is what the loss widens."""
         mask = mask.to(logps.dtype)
-        stats, _ = self.batch_sum(torch.stack([(logps * mask).sum(), inputs["advantages"].abs().sum().to(logps.dtype)]))
-        self._halo_logs = {"logps/completion": (stats[0] / totals[1].clamp(min=1)).item(),
-                           "advantages/abs_mean": (stats[1] / totals[0].clamp(min=1)).item()}
+        sums, tokens = (logps * mask).sum(-1), mask.sum(-1)
+        better, worse = (inputs["advantages"] > 0).to(logps.dtype), (inputs["advantages"] < 0).to(logps.dtype)
+        stats, _ = self.batch_sum(torch.stack([(sums * better).sum(), (tokens * better).sum(), (sums * worse).sum(), (tokens * worse).sum(),
+                                               inputs["advantages"].abs().sum().to(logps.dtype)]))
+        up, down = stats[0] / stats[1].clamp(min=1), stats[2] / stats[3].clamp(min=1)
+        self._halo_logs = {"logps/better": up.item(), "logps/worse": down.item(), "logps/margin": (up - down).item(),
+                           "advantages/abs_mean": (stats[4] / totals[0].clamp(min=1)).item()}
 
     def log(self, logs, *args, **kwargs):
         if "loss" in logs and getattr(self, "_halo_logs", None):

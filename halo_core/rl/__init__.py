@@ -1,1 +1,1 @@
-"""Reinforcement-learning pieces shared by the GRPO family: routing replay, importance sampling."""
+"""Reinforcement-learning pieces shared by the GRPO family: rollout engines, rewards, routing replay, advantages, losses."""

@@ -59,11 +59,15 @@ class _BatchDraw(LogitsProcessor):
     """Applies the sampling warpers, draws each row's token as one process drawing the whole batch would, records
     its log-prob, and leaves ``generate`` (greedy) a score row whose only finite entry is that token."""
 
-    def __init__(self, warpers: list, sample: bool, generator: torch.Generator | None, group, counts: list[int]):
+    def __init__(self, warpers: list, sample: bool, generator: torch.Generator | None, group, counts: list[int], eos: list[int],
+                 min_new_tokens: int):
         self.warpers, self.sample, self.generator, self.group, self.counts = warpers, sample, generator, group, counts
+        self.eos, self.min_new_tokens = eos, min_new_tokens  # generate's own EOS processors see no EOS (HFEngine.generate)
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids, scores):
+        if len(self.logprobs) < self.min_new_tokens:
+            scores = scores.index_fill(-1, torch.tensor(self.eos, device=scores.device), -float("inf"))
         for warper in self.warpers:
             scores = warper(input_ids, scores)
         logp = scores.float().log_softmax(-1)
@@ -139,7 +143,8 @@ class HFEngine:
             dist.all_gather_object(gathered, len(rows), group=self.group)
             counts = gathered
         generator = None if params.seed is None else torch.Generator(device=device).manual_seed(params.seed)
-        draw = _BatchDraw(_warpers(config), bool(config.do_sample), generator, self.group, counts)
+        draw = _BatchDraw(_warpers(config), bool(config.do_sample), generator, self.group, counts, eos, config.min_new_tokens or 0)
+        config.min_new_tokens = None
         # Greedy over the draw's one-hot scores; the warpers ran in the draw (GenerationConfig would warn of them).
         config.do_sample, config.temperature, config.top_p, config.top_k, config.min_p = False, None, None, None, None
         was_training = self.model.training

@@ -7,8 +7,10 @@ Each is a TRL reward function, ``f(prompts, completions, **columns) -> list[floa
 Built-ins:
 - ``exact_answer``: 1.0 when the completion's last number equals the row's ``answer`` column, else 0.0
   (the embedded arithmetic data).
-- ``close_answer``: partial credit for a near miss, ``max(0, 1 - |last number - answer| / 10)`` (a dense signal
+- ``close_answer``: partial credit for a near miss, ``max(0, 1 - |last number - answer| / 50)`` (a dense signal
   for a policy that rarely hits the exact answer yet).
+- ``equation_format``: 1.0 when the completion restates the prompt's sum (``What is a + b?``) as ``a + b = n``
+  and nothing else, else 0.0.
 - ``number_format``: 1.0 when the completion is one number and nothing else (an answer the parser reads
   without guessing), else 0.0.
 - ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
@@ -51,12 +53,24 @@ def exact_answer(prompts, completions, answer, **kwargs) -> list[float]:
     return rewards
 
 
-def close_answer(prompts, completions, answer, scale: float = 10.0, **kwargs) -> list[float]:
+def close_answer(prompts, completions, answer, scale: float = 50.0, **kwargs) -> list[float]:
     rewards = []
     for completion, expected in zip(completions, answer):
         numbers = _NUMBER.findall(text(completion))
         off = abs(float(numbers[-1]) - float(expected)) if numbers else scale
         rewards.append(max(0.0, 1.0 - off / scale))
+    return rewards
+
+
+_QUESTION = re.compile(r"What is (.+?)\?")
+
+
+def equation_format(prompts, completions, **kwargs) -> list[float]:
+    rewards = []
+    for prompt, completion in zip(prompts, completions):
+        asked = _QUESTION.search(text(prompt) if isinstance(prompt, str) else "".join(m.get("content") or "" for m in prompt))
+        stated = text(completion).strip()
+        rewards.append(1.0 if asked and re.fullmatch(re.escape(asked[1]) + r" = -?\d+", stated) else 0.0)
     return rewards
 
 

@@ -66,7 +66,7 @@ def check_run(run: RunConfig, world: int = 1) -> None:
     from halo_core.trainers.method import get_method
 
     check_model_source(run)
-    args = method_config(run)
+    args = method_config(run, world)
     check_ranges(run, args)
     method = get_method(run.method)
     check_columns(run, method.columns)
@@ -74,7 +74,7 @@ def check_run(run: RunConfig, world: int = 1) -> None:
         method.check(run, args, world)
     from halo_core.lora.checks import check_lora
 
-    check_lora(run)
+    check_lora(run, world)
 
 
 def check_model_source(run: RunConfig) -> None:
@@ -109,7 +109,7 @@ def check_model_source(run: RunConfig) -> None:
     )
 
 
-def method_config(run: RunConfig):
+def method_config(run: RunConfig, world: int = 1):
     """The method's config dataclass built from the run's fields, as the worker builds it; its ``ValueError``
     becomes one line naming the field that set it off.
 
@@ -121,10 +121,10 @@ def method_config(run: RunConfig):
 
     config_class = get_method(run.method).config_class
     try:
-        return _build(config_class, run.trainer)
+        return _build(config_class, run.trainer, world)
     except ValueError as exc:
         message = _one_line(exc)
-    culprit = _culprit(config_class, run.trainer)
+    culprit = _culprit(config_class, run.trainer, world)
     if culprit is None:
         raise ConfigError(f"{run.source}: {config_class.__name__} refuses this run's fields: {message}")
     raise ConfigError(f"{run.source}: {culprit}={run.trainer[culprit]!r} is refused by {config_class.__name__}: {message}; change {culprit}")
@@ -154,19 +154,23 @@ def check_columns(run: RunConfig, needed: tuple[str, ...]) -> None:
             )
 
 
-def _build(config_class: type, fields: dict):
+def _build(config_class: type, fields: dict, world: int = 1):
+    """Built as each of ``world`` workers builds it: a config that checks against the world size (GRPO's generation
+    batch) sees the launch's, not this one process's."""
+    if world > 1:
+        config_class = type(config_class.__name__, (config_class,), {"world_size": property(lambda self: world)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the worker shows the config's own warnings once it builds it
         return config_class(**{**fields, "use_cpu": True})
 
 
-def _culprit(config_class: type, fields: dict) -> str | None:
+def _culprit(config_class: type, fields: dict, world: int = 1) -> str | None:
     """The first field, in the YAML's order, whose addition makes the dataclass refuse."""
     tried: dict = {}
     for key, value in fields.items():
         tried[key] = value
         try:
-            _build(config_class, tried)
+            _build(config_class, tried, world)
         except ValueError:
             return key
     return None

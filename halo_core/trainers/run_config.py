@@ -171,7 +171,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
         _check_experts_implementation(run)
     _check_activation_memory_budget(run)
     model_config = _model_config(run)
-    itemsize = 2 if _trains_in_bf16(run) else 4
+    itemsize = 2 if _trains_in_bf16(run, world_size) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
                            experts_implementation=run.halo.experts_implementation)
@@ -206,12 +206,12 @@ def _in_run_fields(message: str) -> str:
     return _DEGREE.sub(lambda m: RUN_FIELDS[m[1]], message)
 
 
-def _trains_in_bf16(run: RunConfig) -> bool:
+def _trains_in_bf16(run: RunConfig, world: int = 1) -> bool:
     """Whether the worker builds bf16 weights (``runtime.build_model``): the method config's ``bf16`` as it resolves it
     (TRL's default is bf16 unless ``fp16``)."""
     from halo_core.trainers.run_checks import method_config
 
-    return bool(method_config(run).bf16)
+    return bool(method_config(run, world).bf16)
 
 
 def _check_experts_implementation(run: RunConfig) -> None:

@@ -1,0 +1,190 @@
+"""`halo launch grpo` with the in-process `hf` engine: one process equals stock `trl.GRPOTrainer` (completions,
+rewards, losses, post-SGD weights), two expert-parallel ranks equal one process, routing replay holds the
+recorded experts through the batch, and the refusals come before start, naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from halo_core.testing.compare import assert_close
+from launch_kit import COMMON, GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+
+TESTS = Path(__file__).resolve().parent
+GRPO = ["--num_generations=2", "--max_completion_length=12", "--temperature=1.0"]
+KEYS = ("loss", "reward", "rewards/grpo_rewards.token_sum/mean", "completions/mean_length", "entropy")
+
+
+@pytest.fixture(autouse=True)
+def _importable_rewards(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # every rank imports grpo_rewards by its dotted path
+
+
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory):
+    return write_run(tmp_path_factory.mktemp("grpo"), "prompts", "reward_funcs: [grpo_rewards.token_sum]\n")
+
+
+def _launch(run_file, out, nproc, *args):
+    record = out.parent / f"{out.name}.completions"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(TESTS))
+        patch.setenv("HALO_TEST_RECORD", str(record))
+        launch("grpo", run_file, out, nproc, *OPTIMIZERS["sgd"], *GRPO, *args)
+    return out, _completions(record, nproc)
+
+
+def _completions(record: Path, ranks: int) -> list[list]:
+    """Per step, every rank's (prompt, completion ids) pairs in rank order."""
+    per_rank = [[json.loads(line) for line in Path(f"{record}.{r}").read_text().splitlines()] for r in range(ranks)]
+    return [[pair for call in step for pair in zip(map(json.dumps, call["prompts"]), call["completions"])] for step in zip(*per_rank)]
+
+
+@pytest.fixture(scope="module")
+def single(run_file):
+    return _launch(run_file, run_file.parent / "single", 1)
+
+
+@pytest.mark.parametrize("name", ["ep2", "etp2"])
+def test_two_ranks_equal_one_process(single, run_file, tmp_path, name):
+    """The method's splits on two ranks (expert, and expert-tensor parallelism)."""
+    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1])
+    base, expected = single
+    assert len(expected) == STEPS and completions == expected
+    for key in KEYS:
+        assert logged(out, key) == pytest.approx(logged(base, key), abs=1e-5, rel=1e-6), key
+    assert any(abs(x) > 1e-4 for x in logged(base, "loss"))
+    reference = weights(base)
+    for key, tensor in weights(out).items():
+        assert_close(tensor, reference[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+
+
+def test_one_process_equals_stock_grpo_trainer(single, run_file, tmp_path, monkeypatch):
+    """Stock TRL on one process over the model Halo's random_init builds (seeded, then from_config)."""
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(TESTS))
+    import grpo_rewards
+
+    record = tmp_path / "stock.completions"
+    monkeypatch.setenv("HALO_TEST_RECORD", str(record))
+    args = GRPOConfig(output_dir=str(tmp_path / "stock"), per_device_train_batch_size=GLOBAL_BATCH, max_steps=STEPS, lr_scheduler_type="constant",
+                      warmup_steps=0, logging_steps=1, save_strategy="no", seed=5, max_grad_norm=1.0, bf16=False, report_to="none",
+                      optim="sgd", learning_rate=0.5, use_cpu=True, num_generations=2, max_completion_length=12, temperature=1.0,
+                      router_aux_loss_coef=0.0)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    data = datasets.load_dataset("json", data_files=str(run_file.parent / "prompts.jsonl"), split="train")
+    trainer = GRPOTrainer(model=model, reward_funcs=[grpo_rewards.token_sum], args=args, train_dataset=data,
+                          processing_class=AutoTokenizer.from_pretrained(TINY))
+    trainer.train()
+    base, halo = single
+    assert _completions(record, 1) == halo
+    stock = [e for e in trainer.state.log_history if "loss" in e]
+    for key in ("loss", "reward", "completions/mean_length", "entropy"):
+        assert logged(base, key) == pytest.approx([e[key] for e in stock], abs=1e-5, rel=1e-6), key
+    saved = weights(base)
+    for key, tensor in model.state_dict().items():
+        assert_close(saved[key], tensor, f"{key} after {STEPS} SGD steps, Halo against stock", rtol=1e-4)
+
+
+def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_path):
+    """Two updates per generation batch (num_iterations=2): the second runs on moved weights, where the live routers
+    choose other experts for some tokens; the experts the loss pass hands on are the recorded ones throughout."""
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from halo_core.methods.grpo import HaloGRPOConfig, HaloGRPOTrainer
+    from halo_core.rl.routing import route_rows
+
+    sys.path.insert(0, str(TESTS))
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    # epsilon=100: the moved routers put the ratio far from 1, where clipping would zero the gradient this checks.
+    args = HaloGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, logging_steps=1, save_strategy="no",
+                          seed=5, bf16=False, report_to="none", optim="sgd", learning_rate=0.5, use_cpu=True, num_generations=2,
+                          max_completion_length=12, num_iterations=2, epsilon=100.0, reward_funcs=["grpo_rewards.token_sum"], router_aux_loss_coef=0.0)
+    data = datasets.load_dataset("json", data_files=str(run_file.parent / "prompts.jsonl"), split="train")
+    trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TINY))
+    experts = [m for n, m in trainer.model.named_modules() if n.endswith("mlp.experts")]
+    handed, changed = [], []
+    hooks = [m.register_forward_pre_hook(lambda mod, a: handed.append(a[1].clone()) if torch.is_grad_enabled() else None) for m in experts]
+    original = HaloGRPOTrainer._compute_loss
+
+    seen, grads, signal = set(), [], []
+    for router in trainer._halo_replay.routers.values():
+        router.weight.register_hook(lambda g: grads.append(float(g.abs().sum())))
+
+    def spy(self, model, inputs):
+        routes = inputs["halo_routes_0"]  # [rows, tokens, layers, k], recorded in the old-policy pass
+        if id(routes) in seen:  # the batch's second update: move the routers as a far step would
+            with torch.no_grad():
+                for router in self._halo_replay.routers.values():
+                    router.weight.add_(torch.randn_like(router.weight))
+        seen.add(id(routes))
+        signal.append(bool(inputs["advantages"].abs().sum() > 0))
+        ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with torch.no_grad(), self._halo_replay.record() as now:  # what the live routers choose on these weights
+            self.model(input_ids=ids, attention_mask=mask)
+        differs = (route_rows(now, ids.shape[0])[0] != routes).any(-1).any(-1) & mask.bool()
+        changed.append(bool(differs.any()))
+        handed.clear()
+        loss = original(self, model, inputs)
+        assert len(handed) == len(experts)
+        for layer, index in enumerate(handed):
+            assert torch.equal(index.reshape(routes.shape[0], routes.shape[1], -1), routes[:, :, layer]), f"layer {layer}: not the recorded experts"
+        return loss
+
+    trainer._compute_loss = spy.__get__(trainer)
+    trainer.train()
+    for hook in hooks:
+        hook.remove()
+    assert changed == [False, True, False, True], "live routing must differ from the recorded on moved weights only"
+    assert len(grads) == 4 * len(experts) and signal[1] or signal[3]
+    for step, has_signal in enumerate(signal):  # replayed routers still get gradients (live gate weights)
+        assert all(g > 0 for g in grads[step * len(experts) : (step + 1) * len(experts)]) == has_signal, step
+
+
+def _dry_run(tmp_path, *overrides, extra="reward_funcs: [exact_answer]\n", nproc=2):
+    config = write_run(tmp_path, "prompts", extra)
+    done = subprocess.run([sys.executable, "-m", "halo_cli", "launch", "grpo", str(config), "--nproc", str(nproc), "--dry-run", "--",
+                           *overrides], capture_output=True, text=True, cwd=tmp_path)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("overrides, extra, says", [
+    (["--context_parallel_size=2"], None, "method 'grpo' cannot train with cp=2"),
+    (["--tensor_parallel_size=2"], None, "method 'grpo' cannot train with tp=2"),
+    ([], "", "reward_funcs is empty"),
+    ([], "reward_funcs: [no_such_reward]\n", "reward_funcs: 'no_such_reward' is unknown"),
+    (["--rollout_engine=nope"], None, "rollout_engine 'nope' is unknown"),
+    (["--num_generations=4", "--per_device_train_batch_size=1"], None, "generation_batch_size (2) must be divisible by num_generations (4)"),
+])
+def test_a_bad_run_is_refused_before_start_with_its_field(tmp_path, overrides, extra, says):
+    code, output = _dry_run(tmp_path, *overrides, **({} if extra is None else {"extra": extra}))
+    assert code == 2 and says in output, output
+    assert "Traceback" not in output
+
+
+def test_a_group_spanning_ranks_is_accepted_at_the_launchs_world_size(tmp_path):
+    """Two ranks of two rows hold one group of four: refused at one process, a valid run at two."""
+    assert _dry_run(tmp_path, "--num_generations=4", "--per_device_train_batch_size=2")[0] == 0
+
+
+def test_a_failing_reward_is_reported_with_its_name(run_file, tmp_path):
+    config = write_run(tmp_path, "prompts", "reward_funcs: [grpo_rewards.broken]\n")
+    command = [sys.executable, "-m", "halo_cli", "launch", "grpo", str(config), "--", f"--output_dir={tmp_path / 'out'}", *COMMON, *GRPO,
+               "--per_device_train_batch_size=2"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**__import__("os").environ, "PYTHONPATH": str(TESTS)})
+    assert done.returncode != 0
+    assert re.search(r"reward function 'grpo_rewards.broken' raised ZeroDivisionError: no reward today", done.stdout + done.stderr)
