@@ -23,3 +23,8 @@ def broken(prompts, completions, **kwargs):
 
 def short(prompts, completions, **kwargs):
     return [1.0]
+
+
+def even_tokens(prompts, completions, completion_ids, **kwargs):
+    """The share of a completion's tokens with an even id: a preference a random-init model can learn in steps."""
+    return [sum(1 for t in ids if t % 2 == 0) / max(len(ids), 1) for ids in completion_ids]

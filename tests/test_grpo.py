@@ -188,3 +188,24 @@ def test_a_failing_reward_is_reported_with_its_name(run_file, tmp_path):
                           env={**__import__("os").environ, "PYTHONPATH": str(TESTS)})
     assert done.returncode != 0
     assert re.search(r"reward function 'grpo_rewards.broken' raised ZeroDivisionError: no reward today", done.stdout + done.stderr)
+
+
+def test_the_loop_raises_a_learnable_reward(run_file, tmp_path):
+    """A reward a random-init model can learn in steps (the share of even token ids): its mean rises, so the
+    loop's sign and plumbing (engine, rewards, advantages, loss, replay) point the policy up the reward."""
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from halo_core.methods.grpo import HaloGRPOConfig, HaloGRPOTrainer
+
+    sys.path.insert(0, str(TESTS))
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    args = HaloGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=16, max_steps=20, logging_steps=5, save_strategy="no",
+                          bf16=False, report_to="none", use_cpu=True, num_generations=8, max_completion_length=8, learning_rate=3e-3,
+                          reward_funcs=["grpo_rewards.even_tokens"], seed=5)
+    data = datasets.load_dataset("json", data_files=str(run_file.parent / "prompts.jsonl"), split="train")
+    trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TINY))
+    trainer.train()
+    rewards = [e["reward"] for e in trainer.state.log_history if "reward" in e]
+    assert len(rewards) == 4 and rewards == sorted(rewards) and rewards[-1] > rewards[0] + 0.04, rewards
