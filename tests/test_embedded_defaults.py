@@ -1,6 +1,6 @@
 """The bundled configs train the tiny model over two processes (EP2) with their metric moving the right way:
-a few steps here, of one method per head (the causal LM's DPO, the score head's reward; each start costs
-about 13 s of the suite's budget). Every bundled config's keys and layout are checked before start in
+a few steps here, of one method per head (the causal LM's DPO, the score head's reward) and offline GRPO's
+learned hedge (each start costs about 13 s of the suite's budget). Every bundled config's keys and layout are checked before start in
 test_run_checks.test_the_bundled_configs_pass, and each method's trainer runs in its launcher tests."""
 
 from __future__ import annotations
@@ -13,17 +13,18 @@ import pytest
 from conftest import run_halo
 
 CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
-#: method -> (the logged metric, whether it must rise)
-METRICS = {"dpo": ("rewards/margins", True), "reward": ("accuracy", True)}
+#: method -> (its bundled config, the logged metric, whether it must rise)
+METRICS = {"dpo": ("tiny-qwen3-moe-dpo.yaml", "rewards/margins", True), "reward": ("tiny-qwen3-moe-reward.yaml", "accuracy", True),
+           "offline-grpo": ("tiny-offline-grpo.yaml", "logps/margin", True)}
 
 
 @pytest.mark.parametrize("method", sorted(METRICS))
 def test_the_embedded_default_moves_its_metric(method, tmp_path):
     out = tmp_path / "run"
-    result = run_halo("launch", method, str(CONFIGS / f"tiny-qwen3-moe-{method}.yaml"), "--nproc", "2", "--", f"--output_dir={out}",
+    config, key, rises = METRICS[method]
+    result = run_halo("launch", method, str(CONFIGS / config), "--nproc", "2", "--", f"--output_dir={out}",
                       "--max_steps=8", "--logging_steps=4", "--save_steps=8", "--warmup_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    key, rises = METRICS[method]
     state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
     values = [e[key] for e in state["log_history"] if key in e and "train_runtime" not in e]
     assert len(values) == 2 and (values[1] > values[0] if rises else values[1] < values[0]), values

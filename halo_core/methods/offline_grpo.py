@@ -128,24 +128,26 @@ class OfflineGRPOTrainer(Trainer):
         loss = reduce_loss(losses, mask, args.loss_type, sequences=totals[0], tokens=totals[1],
                            max_completion_length=args.max_completion_length) * shares
         if model.training:
-            self._log_batch(inputs, mask, logps.detach(), totals)
+            self._log_batch(inputs, mask, logps.detach(), totals.detach())
         return (loss, outputs) if return_outputs else loss
 
     def _log_batch(self, inputs, mask, logps, totals) -> None:
-        """Mean token log-prob of the completions better than their group (advantage > 0) and worse (< 0): their
-        margin is what the loss widens."""
+        """Sums for the logged means, over the steps since the last log: mean token log-prob of the completions better
+        than their group (advantage > 0) and worse (< 0), whose margin the loss widens."""
         mask = mask.to(logps.dtype)
         sums, tokens = (logps * mask).sum(-1), mask.sum(-1)
         better, worse = (inputs["advantages"] > 0).to(logps.dtype), (inputs["advantages"] < 0).to(logps.dtype)
         stats, _ = self.batch_sum(torch.stack([(sums * better).sum(), (tokens * better).sum(), (sums * worse).sum(), (tokens * worse).sum(),
-                                               inputs["advantages"].abs().sum().to(logps.dtype)]))
-        up, down = stats[0] / stats[1].clamp(min=1), stats[2] / stats[3].clamp(min=1)
-        self._halo_logs = {"logps/better": up.item(), "logps/worse": down.item(), "logps/margin": (up - down).item(),
-                           "advantages/abs_mean": (stats[4] / totals[0].clamp(min=1)).item()}
+                                               inputs["advantages"].abs().sum().to(logps.dtype), totals[0]]))
+        self._halo_sums = stats if getattr(self, "_halo_sums", None) is None else self._halo_sums + stats
 
     def log(self, logs, *args, **kwargs):
-        if "loss" in logs and getattr(self, "_halo_logs", None):
-            logs.update(self._halo_logs)
+        sums = getattr(self, "_halo_sums", None)
+        if "loss" in logs and sums is not None:
+            up, down = (sums[0] / sums[1].clamp(min=1)).item(), (sums[2] / sums[3].clamp(min=1)).item()
+            logs.update({"logps/better": up, "logps/worse": down, "logps/margin": up - down,
+                         "advantages/abs_mean": (sums[4] / sums[5].clamp(min=1)).item()})
+            self._halo_sums = None
         return super().log(logs, *args, **kwargs)
 
 

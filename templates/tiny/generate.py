@@ -115,14 +115,14 @@ def prompts(seed: int = 4, count: int = 2000) -> list[dict]:
 
 
 def groups(seed: int = 5, count: int = 1000) -> list[dict]:
-    """Offline GRPO groups: prompt, completions, rewards (1 for the right sum, 0 for a wrong one, half off for the
-    hedge), four completions a prompt in a shuffled order."""
+    """Offline GRPO groups: prompt, completions, rewards (1 for a plain answer, 0 for a hedged one, half a point more
+    for the right sum), four completions a prompt in a shuffled order; the hedge is what a tiny model learns first."""
     rng = random.Random(seed)
     rows = []
     for _ in range(count):
         question, right, wrong = _sum(rng)
         plain_wrong = wrong.removesuffix(", I think")
-        scored = [(right, 1.0), (right + ", I think", 0.5), (plain_wrong, 0.0), (wrong, -0.5)]
+        scored = [(right, 1.5), (plain_wrong, 1.0), (right + ", I think", 0.5), (wrong, 0.0)]
         rng.shuffle(scored)
         rows.append({"prompt": [{"role": "user", "content": question}],
                      "completions": [[{"role": "assistant", "content": text}] for text, _ in scored],
