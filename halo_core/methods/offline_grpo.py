@@ -128,17 +128,17 @@ class OfflineGRPOTrainer(Trainer):
         loss = reduce_loss(losses, mask, args.loss_type, sequences=totals[0], tokens=totals[1],
                            max_completion_length=args.max_completion_length) * shares
         if model.training:
-            self._log_batch(inputs, mask, logps.detach(), totals.detach())
+            self._log_batch(inputs, mask, logps.detach())
         return (loss, outputs) if return_outputs else loss
 
-    def _log_batch(self, inputs, mask, logps, totals) -> None:
+    def _log_batch(self, inputs, mask, logps) -> None:
         """Sums for the logged means, over the steps since the last log: mean token log-prob of the completions better
         than their group (advantage > 0) and worse (< 0), whose margin the loss widens."""
         mask = mask.to(logps.dtype)
         sums, tokens = (logps * mask).sum(-1), mask.sum(-1)
         better, worse = (inputs["advantages"] > 0).to(logps.dtype), (inputs["advantages"] < 0).to(logps.dtype)
         stats, _ = self.batch_sum(torch.stack([(sums * better).sum(), (tokens * better).sum(), (sums * worse).sum(), (tokens * worse).sum(),
-                                               inputs["advantages"].abs().sum().to(logps.dtype), totals[0]]))
+                                               inputs["advantages"].abs().sum().to(logps.dtype), logps.new_tensor(mask.shape[0])]))
         self._halo_sums = stats if getattr(self, "_halo_sums", None) is None else self._halo_sums + stats
 
     def log(self, logs, *args, **kwargs):
