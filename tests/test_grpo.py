@@ -46,17 +46,31 @@ def _completions(record: Path, ranks: int) -> list[list]:
     return [[pair for call in step for pair in zip(map(json.dumps, call["prompts"]), call["completions"])] for step in zip(*per_rank)]
 
 
+#: More ids that end a completion (TRL's generation_kwargs): a random-init model then stops at uneven lengths.
+UNEVEN = "--generation_kwargs={eos_token_id: [3, " + ", ".join(str(i) for i in range(20, 41)) + "]}"
+_SINGLE: dict = {}
+
+
+def _single(run_file, *args: str):
+    if args not in _SINGLE:
+        _SINGLE[args] = _launch(run_file, run_file.parent / f"single-{len(_SINGLE)}", 1, *args)
+    return _SINGLE[args]
+
+
 @pytest.fixture(scope="module")
 def single(run_file):
-    return _launch(run_file, run_file.parent / "single", 1)
+    return _single(run_file)
 
 
-@pytest.mark.parametrize("name", ["ep2", "etp2"])
-def test_two_ranks_equal_one_process(single, run_file, tmp_path, name):
-    """The method's splits on two ranks (expert, and expert-tensor parallelism)."""
-    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1])
-    base, expected = single
+@pytest.mark.parametrize("name, loss_type", [("ep2", "dapo"), ("etp2", "dapo"), ("ep2", "bnpo")])
+def test_two_ranks_equal_one_process(run_file, tmp_path, name, loss_type):
+    """The method's splits on two ranks (expert, and expert-tensor parallelism); TRL's default loss, and bnpo, whose
+    token mean Halo takes over the whole batch."""
+    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1], f"--loss_type={loss_type}", UNEVEN)
+    base, expected = _single(run_file, f"--loss_type={loss_type}", UNEVEN)
     assert len(expected) == STEPS and completions == expected
+    lengths = [len(ids) for step in expected for _, ids in step]
+    assert min(lengths) < max(lengths) == 12, lengths  # uneven completions, some cut at max_completion_length
     for key in KEYS:
         assert logged(out, key) == pytest.approx(logged(base, key), abs=1e-5, rel=1e-6), key
     assert any(abs(x) > 1e-4 for x in logged(base, "loss"))
@@ -96,9 +110,11 @@ def test_one_process_equals_stock_grpo_trainer(single, run_file, tmp_path, monke
         assert_close(saved[key], tensor, f"{key} after {STEPS} SGD steps, Halo against stock", rtol=1e-4)
 
 
-def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_path):
+@pytest.mark.parametrize("iterations, correction", [(2, True), (1, False)], ids=["moved", "own-old-pass"])
+def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_path, iterations, correction):
     """Two updates per generation batch (num_iterations=2): the second runs on moved weights, where the live routers
-    choose other experts for some tokens; the experts the loss pass hands on are the recorded ones throughout."""
+    choose other experts for some tokens; the experts the loss pass hands on are the recorded ones throughout.
+    With one update per batch and no IS correction TRL takes no old log-probs, and Halo records the routes itself."""
     import datasets
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -111,7 +127,8 @@ def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_
     # epsilon=100: the moved routers put the ratio far from 1, where clipping would zero the gradient this checks.
     args = HaloGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, logging_steps=1, save_strategy="no",
                           seed=5, bf16=False, report_to="none", optim="sgd", learning_rate=0.5, use_cpu=True, num_generations=2,
-                          max_completion_length=12, num_iterations=2, epsilon=100.0, reward_funcs=["grpo_rewards.token_sum"], router_aux_loss_coef=0.0)
+                          max_completion_length=12, num_iterations=iterations, epsilon=100.0, reward_funcs=["grpo_rewards.token_sum"], router_aux_loss_coef=0.0,
+                          vllm_importance_sampling_correction=correction)
     data = datasets.load_dataset("json", data_files=str(run_file.parent / "prompts.jsonl"), split="train")
     trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=data, processing_class=AutoTokenizer.from_pretrained(TINY))
     experts = [m for n, m in trainer.model.named_modules() if n.endswith("mlp.experts")]
@@ -119,7 +136,7 @@ def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_
     hooks = [m.register_forward_pre_hook(lambda mod, a: handed.append(a[1].clone()) if torch.is_grad_enabled() else None) for m in experts]
     original = HaloGRPOTrainer._compute_loss
 
-    seen, grads, signal = set(), [], []
+    seen, grads, signal, trl_old_pass = set(), [], [], []
     for router in trainer._halo_replay.routers.values():
         router.weight.register_hook(lambda g: grads.append(float(g.abs().sum())))
 
@@ -131,6 +148,7 @@ def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_
                     router.weight.add_(torch.randn_like(router.weight))
         seen.add(id(routes))
         signal.append(bool(inputs["advantages"].abs().sum() > 0))
+        trl_old_pass.append("old_per_token_logps" in inputs)
         ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
         mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
         with torch.no_grad(), self._halo_replay.record() as now:  # what the live routers choose on these weights
@@ -148,8 +166,10 @@ def test_replay_holds_the_recorded_experts_while_the_policy_moves(run_file, tmp_
     trainer.train()
     for hook in hooks:
         hook.remove()
-    assert changed == [False, True, False, True], "live routing must differ from the recorded on moved weights only"
-    assert len(grads) == 4 * len(experts) and signal[1] or signal[3]
+    moved = [False, True, False, True] if iterations == 2 else [False] * 4
+    assert trl_old_pass == [iterations == 2] * 4  # without one, the recorded routes are Halo's own pass's
+    assert changed == moved, "live routing must differ from the recorded on moved weights only"
+    assert len(grads) == 4 * len(experts) and any(signal[i] for i, m in enumerate(moved) if m or iterations == 1)
     for step, has_signal in enumerate(signal):  # replayed routers still get gradients (live gate weights)
         assert all(g > 0 for g in grads[step * len(experts) : (step + 1) * len(experts)]) == has_signal, step
 

@@ -128,12 +128,16 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         finally:
             self._halo_scoring = False
         if self._halo_replay is not None:
-            if self._halo_recorded is None:  # TRL took no old log-probs (one update per batch, no IS): take them now
+            if self._halo_recorded is None:  # TRL took no old log-probs (one update per batch, no IS): record the routes now
                 ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
                 mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-                with torch.no_grad():
-                    self._get_per_token_logps_and_entropies(self.model, ids, mask, output["completion_ids"].size(1),
-                                                            batch_size=self.args.per_device_train_batch_size)
+                self._halo_scoring = True
+                try:
+                    with torch.no_grad():
+                        self._get_per_token_logps_and_entropies(self.model, ids, mask, output["completion_ids"].size(1),
+                                                                batch_size=self.args.per_device_train_batch_size)
+                finally:
+                    self._halo_scoring = False
             for call, rows in enumerate(self._halo_recorded):
                 output[f"{_ROUTES}{call}"] = rows
         return output
@@ -161,7 +165,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         self._halo_replay_on.close()
-        self._halo_replaying = [inputs[k] for k in sorted(k for k in inputs if k.startswith(_ROUTES))]
+        self._halo_replaying = [inputs[f"{_ROUTES}{call}"] for call in range(sum(k.startswith(_ROUTES) for k in inputs))]
         if model.training:
             self._halo_meter.count({"attention_mask": torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)})
         loss = super()._compute_loss(model, inputs)
