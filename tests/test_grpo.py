@@ -31,13 +31,14 @@ def run_file(tmp_path_factory):
     return write_run(tmp_path_factory.mktemp("grpo"), "prompts", "reward_funcs: [grpo_rewards.token_sum]\n")
 
 
-def _launch(run_file, out, nproc, *args):
+def _launch(run_file, out, nproc, *args, pools: int | None = None):
+    """``pools``: ranks holding different rows (a TP group's ranks all score one pooled batch); default every rank."""
     record = out.parent / f"{out.name}.completions"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPATH", str(TESTS))
         patch.setenv("HALO_TEST_RECORD", str(record))
         launch("grpo", run_file, out, nproc, *OPTIMIZERS["sgd"], *GRPO, *args)
-    return out, _completions(record, nproc)
+    return out, _completions(record, pools or nproc)
 
 
 def _completions(record: Path, ranks: int) -> list[list]:
@@ -62,11 +63,13 @@ def single(run_file):
     return _single(run_file)
 
 
-@pytest.mark.parametrize("name, loss_type", [("ep2", "dapo"), ("etp2", "bnpo")])
+@pytest.mark.parametrize("name, loss_type", [("ep2", "dapo"), ("tp2", "dapo"), ("etp2", "bnpo")])
 def test_two_ranks_equal_one_process(run_file, tmp_path, name, loss_type):
-    """The method's splits on two ranks (expert, and expert-tensor parallelism); TRL's default loss, and bnpo, whose
-    token mean Halo takes over the whole batch."""
-    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1], f"--loss_type={loss_type}", UNEVEN)
+    """The method's splits on two ranks (expert, tensor, expert-tensor parallelism); TRL's default loss, and bnpo,
+    whose token mean Halo takes over the whole batch. Under TP both ranks train on their pooled rows: the record
+    holds each rank's copy of the pool, in which rank 0's rows come first."""
+    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1], f"--loss_type={loss_type}", UNEVEN,
+                               pools=1 if name == "tp2" else 2)
     base, expected = _single(run_file, f"--loss_type={loss_type}", UNEVEN)
     assert len(expected) == STEPS and completions == expected
     lengths = [len(ids) for step in expected for _, ids in step]
@@ -187,7 +190,6 @@ def _check(tmp_path, *overrides, extra="reward_funcs: [exact_answer]\n", world=2
 
 @pytest.mark.parametrize("overrides, extra, says", [
     (["--context_parallel_size=2"], None, "method 'grpo' cannot train with cp=2"),
-    (["--tensor_parallel_size=2"], None, "method 'grpo' cannot train with tp=2"),
     ([], "", "reward_funcs is empty"),
     ([], "reward_funcs: [no_such_reward]\n", "reward_funcs: 'no_such_reward' is unknown"),
     (["--rollout_engine=nope"], None, "rollout_engine 'nope' is unknown"),

@@ -15,7 +15,8 @@ with three parts swapped in at its seams:
 
 Every layout equals one process: the engine draws the whole data-parallel batch's tokens (``hf_engine``),
 TRL's shuffle draws its permutation over the whole batch, and ``bnpo``'s per-rank token mean is rescaled to the
-batch's. CP is not offered (generation runs whole sequences); TP not yet (its ranks would generate jointly).
+batch's. A TP group pools its prompts and generates, scores and trains on the pool together. CP is not offered
+(generation runs whole sequences).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class HaloGRPOConfig(GRPOConfig):
 
 class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     """TRL's GRPOTrainer on a Halo layout, its rollouts from a rollout engine."""
+
+    halo_shared_batch = True  # a TP group pools its prompts before generating (_generate_and_score_completions)
 
     def __init__(self, *args, ref_model=None, **kwargs):
         config = kwargs["args"]
@@ -109,11 +112,12 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
 
     def _shuffle(self, batch: dict) -> dict:
         rows = len(batch["prompt_ids"])
-        counts = [rows]
-        if dist.is_initialized():
-            counts = [None] * dist.get_world_size()
-            dist.all_gather_object(counts, rows)
-        start = sum(counts[: dist.get_rank()]) if dist.is_initialized() else 0
+        counts, start = [rows], 0
+        if dist.is_initialized():  # over the ranks holding different rows (a TP group holds one pool)
+            group = layout_of(self.model).group("dp")
+            counts = [None] * dist.get_world_size(group)
+            dist.all_gather_object(counts, rows, group=group)
+            start = sum(counts[: dist.get_rank(group)])
         order = torch.randperm(sum(counts))
         mine = order[(order >= start) & (order < start + rows)] - start  # own rows, in the whole batch's order
         return {k: v if v is None or (isinstance(v, torch.Tensor) and v.ndim == 0) else
@@ -122,11 +126,16 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     # -- routing replay -----------------------------------------------------------------------
 
     def _generate_and_score_completions(self, inputs):
+        inputs, tp = self._pool_over_tp(inputs)
+        seen = self.state.num_input_tokens_seen
         self._halo_scoring, self._halo_recorded = True, None
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
             self._halo_scoring = False
+        if tp > 1:  # TRL counted every TP rank's copy of the pool
+            self.state.num_input_tokens_seen = seen + (self.state.num_input_tokens_seen - seen) // tp
+            self._metrics["train" if self.model.training else "eval"]["num_tokens"] = [self.state.num_input_tokens_seen]
         if self._halo_replay is not None:
             if self._halo_recorded is None:  # TRL took no old log-probs (one update per batch, no IS): record the routes now
                 ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
@@ -141,6 +150,18 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
             for call, rows in enumerate(self._halo_recorded):
                 output[f"{_ROUTES}{call}"] = rows
         return output
+
+    def _pool_over_tp(self, rows: list[dict]) -> tuple[list[dict], int]:
+        """A TP group's prompt rows joined in rank order, on every rank of the group: TP ranks run one forward together,
+        so they generate, score and train on the same rows. TRL's reward gather then holds each pool once per TP rank
+        (whole groups repeated: the same advantages) and its ``dapo`` normaliser the tokens as often, over as many
+        processes: the quotients stay those of one process."""
+        tp = layout_of(self.model).dims.tp
+        if tp == 1:
+            return rows, 1
+        pieces = [None] * tp
+        dist.all_gather_object(pieces, rows, group=layout_of(self.model).group("tp"))
+        return [row for piece in pieces for row in piece], tp
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs):
         inner = super()._get_per_token_logps_and_entropies
@@ -166,8 +187,9 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     def _compute_loss(self, model, inputs):
         self._halo_replay_on.close()
         self._halo_replaying = [inputs[f"{_ROUTES}{call}"] for call in range(sum(k.startswith(_ROUTES) for k in inputs))]
-        if model.training:
-            self._halo_meter.count({"attention_mask": torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)})
+        if model.training:  # a TP group's ranks share one pool: each counts its share
+            mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+            self._halo_meter.count({"attention_mask": mask / layout_of(self.model).dims.tp})
         loss = super()._compute_loss(model, inputs)
         if self.loss_type == "bnpo":
             # TRL divides by this rank's tokens; the batch's mean divides every rank's sum by the whole batch's.
@@ -212,5 +234,5 @@ def check(run: RunConfig, args, world: int = 1) -> None:
         engine_factory(args.rollout_engine)  # raises, naming the key and the installed engines
 
 
-METHOD = Method(name="grpo", config_class=HaloGRPOConfig, run=run, trainer=HaloGRPOTrainer, splits=frozenset({"ep", "etp"}),
+METHOD = Method(name="grpo", config_class=HaloGRPOConfig, run=run, trainer=HaloGRPOTrainer, splits=frozenset({"ep", "tp", "etp"}),
                 columns=("prompt",), check=check)

@@ -37,6 +37,9 @@ class DistributedTrainerMixin:
     halo_sequence_loss: bool = False
     #: With ``halo_sequence_loss``: blocks of examples the collator stacks along rows (chosen, then rejected: 2).
     halo_row_groups: int = 1
+    #: The trainer hands every rank of a CP x TP group the same rows itself (GRPO pools its prompts before it
+    #: generates): the loss is computed as it is, with nothing split or pooled.
+    halo_shared_batch: bool = False
 
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
                  activation_memory_budget: float | None = None, **kwargs):
@@ -104,7 +107,7 @@ class DistributedTrainerMixin:
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         shared_by = sharing(self.model)
-        if shared_by == 1:
+        if shared_by == 1 or self.halo_shared_batch:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         if self.halo_sequence_loss:
             counted = getattr(self, "_total_train_tokens", None)
