@@ -63,19 +63,21 @@ def single(run_file):
     return _single(run_file)
 
 
-@pytest.mark.parametrize("name, loss_type", [("ep2", "dapo"), ("tp2", "dapo"), ("etp2", "bnpo")])
-def test_two_ranks_equal_one_process(run_file, tmp_path, name, loss_type):
+@pytest.mark.parametrize("name, options", [("ep2", ["--loss_type=dapo"]), ("tp2", ["--loss_type=dapo"]),
+                                           ("etp2", ["--loss_type=bnpo", "--beta=0.1"])])
+def test_two_ranks_equal_one_process(run_file, tmp_path, name, options):
     """The method's splits on two ranks (expert, tensor, expert-tensor parallelism); TRL's default loss, and bnpo,
-    whose token mean Halo takes over the whole batch. Under TP both ranks train on their pooled rows: the record
+    whose token mean Halo takes over the whole batch, with a KL penalty to Halo's laid-out reference. Under TP both ranks train on their pooled rows: the record
     holds each rank's copy of the pool, in which rank 0's rows come first."""
-    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1], f"--loss_type={loss_type}", UNEVEN,
-                               pools=1 if name == "tp2" else 2)
-    base, expected = _single(run_file, f"--loss_type={loss_type}", UNEVEN)
+    out, completions = _launch(run_file, tmp_path / name, 2, *TWO_RANKS[name][1], *options, UNEVEN, pools=1 if name == "tp2" else 2)
+    base, expected = _single(run_file, *options, UNEVEN)
     assert len(expected) == STEPS and completions == expected
     lengths = [len(ids) for step in expected for _, ids in step]
     assert min(lengths) < max(lengths) == 12, lengths  # uneven completions, some cut at max_completion_length
-    for key in KEYS:
+    for key in KEYS + (("kl",) if "--beta=0.1" in options else ()):
         assert logged(out, key) == pytest.approx(logged(base, key), abs=1e-5, rel=1e-6), key
+    if "--beta=0.1" in options:
+        assert logged(base, "kl")[0] == 0 and logged(base, "kl")[-1] > 0  # the reference stays where the policy began
     assert any(abs(x) > 1e-4 for x in logged(base, "loss"))
     reference = weights(base)
     for key, tensor in weights(out).items():

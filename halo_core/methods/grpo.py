@@ -21,7 +21,7 @@ batch's. A TP group pools its prompts and generates, scores and trains on the po
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +32,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 from halo_core.errors import ConfigError
+from halo_core.methods.reference import reference_given
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.layout_state import layout_of
 from halo_core.rl.engines import SamplingParams, engine_factory, known_engines
@@ -64,7 +65,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     def __init__(self, *args, ref_model=None, **kwargs):
         config = kwargs["args"]
         kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs))
-        with _reference(ref_model):
+        with reference_given(trl.trainer.grpo_trainer, ref_model):
             super().__init__(*args, **kwargs)
         self.use_vllm = True  # opens TRL's importance-sampling gate (see the module docstring); generation is ours
         # TRL seeds each process apart (seed + rank) so that ranks sampling alone do not repeat each other; the engine
@@ -205,17 +206,6 @@ def _replay_for(model) -> RoutingReplay | None:
         return RoutingReplay.for_model(model)
     except RoutingReplayError:
         return None
-
-
-@contextmanager
-def _reference(model):
-    """TRL builds GRPO's reference (``beta`` > 0) from the policy's hub id; Halo's is built and laid out as the policy."""
-    original = trl.trainer.grpo_trainer.create_model_from_path
-    trl.trainer.grpo_trainer.create_model_from_path = lambda *args, **kwargs: model
-    try:
-        yield
-    finally:
-        trl.trainer.grpo_trainer.create_model_from_path = original
 
 
 def run(run: RunConfig) -> None:

@@ -1,4 +1,4 @@
-"""What the methods that keep a reference policy (DPO, KTO) share beside TRL's own handling of it."""
+"""What the methods that keep a reference policy (DPO, KTO, GRPO) share beside TRL's own handling of it."""
 
 from __future__ import annotations
 
@@ -25,6 +25,18 @@ def hash_laid_out(module: torch.nn.Module) -> str:
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return hashlib.sha256("".join(every).encode()).hexdigest()
+
+
+@contextmanager
+def reference_given(trainer_module, reference):
+    """While a TRL trainer's ``__init__`` runs: it builds its reference from the policy's hub id
+    (``create_model_from_path``); hand it ``reference`` instead, Halo's laid-out copy, or ``None`` for none."""
+    original = trainer_module.create_model_from_path
+    trainer_module.create_model_from_path = lambda *args, **kwargs: reference
+    try:
+        yield
+    finally:
+        trainer_module.create_model_from_path = original
 
 
 @contextmanager

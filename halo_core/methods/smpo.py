@@ -13,7 +13,6 @@ and counts are whole before the means.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 import trl.trainer.dpo_trainer
 from trl import DPOConfig, DPOTrainer
 
-from halo_core.methods.reference import hashing_shards
+from halo_core.methods.reference import hashing_shards, reference_given
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin
 from halo_core.trainers.run_config import RunConfig
@@ -74,7 +73,8 @@ class HaloSMPOTrainer(DistributedTrainerMixin, DPOTrainer):
     halo_row_groups = 2
 
     def __init__(self, *args, **kwargs):
-        with hashing_shards(trl.trainer.dpo_trainer), _no_reference_built():
+        # SMPO keeps no reference policy; DPOTrainer would load one from the hub id when given none.
+        with hashing_shards(trl.trainer.dpo_trainer), reference_given(trl.trainer.dpo_trainer, None):
             super().__init__(*args, **kwargs)
 
     def _compute_loss(self, model, inputs, return_outputs):
@@ -105,17 +105,6 @@ class HaloSMPOTrainer(DistributedTrainerMixin, DPOTrainer):
         self._metrics[mode]["rewards/margins"].append((gathered["c"] - gathered["r"]).mean().item())
         self._metrics[mode]["rewards/accuracies"].append((gathered["c"] > gathered["r"]).float().mean().item())
         return (loss, outputs) if return_outputs else loss
-
-
-@contextmanager
-def _no_reference_built():
-    """SMPO keeps no reference policy; ``DPOTrainer`` loads one from the hub id when given none."""
-    original = trl.trainer.dpo_trainer.create_model_from_path
-    trl.trainer.dpo_trainer.create_model_from_path = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        trl.trainer.dpo_trainer.create_model_from_path = original
 
 
 def run(run: RunConfig) -> None:
