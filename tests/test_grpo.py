@@ -197,6 +197,7 @@ def _check(tmp_path, *overrides, extra="reward_funcs: [exact_answer]\n", world=2
     (["--rollout_engine=nope"], None, "rollout_engine 'nope' is unknown"),
     (["--num_generations=4", "--per_device_train_batch_size=1"], None, "generation_batch_size (2) must be divisible by num_generations (4)"),
     (["--beta=-0.1"], None, "beta=-0.1 must be 0 or above"),
+    (["--compile_layers=true"], None, "compile_layers: true with routing_replay: true is not supported yet"),
 ])
 def test_a_bad_run_is_refused_before_start_with_its_field(tmp_path, overrides, extra, says):
     from halo_core.errors import ConfigError

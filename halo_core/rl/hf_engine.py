@@ -150,8 +150,11 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=[draw],
-                                      stopping_criteria=[_BatchDone(eos, self.group, multi)], synced_gpus=False)
+            # Eager: decode steps through compiled layers (compile_layers) would fill their compile cache with a graph per
+            # cache state and shape, leaving the training passes eager.
+            with torch.compiler.set_stance("force_eager"):
+                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=[draw],
+                                          stopping_criteria=[_BatchDone(eos, self.group, multi)], synced_gpus=False)
         finally:
             self.model.train(was_training)
         new = out[:, width:].tolist()
