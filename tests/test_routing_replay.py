@@ -80,3 +80,46 @@ def test_replay_without_recorded_routes_is_refused_with_the_router_named():
     with pytest.raises(RoutingReplayError, match="no recorded routes for router model.layers.0.mlp.gate"):
         with replay.replay({}):
             pass
+
+
+def _bundled():
+    from halo_core.registry import discover
+
+    return [(record.family, model_type) for record in discover().records if record.ok for model_type in record.family.model_types]
+
+
+@pytest.mark.parametrize("family, model_type", _bundled(), ids=lambda x: x if isinstance(x, str) else "")
+def test_replay_reaches_every_bundled_familys_routers(family, model_type):
+    """No per-family code: every installed family's experts receive the recorded choice after its routers moved, and
+    its routers still get gradients (a router the replay could not reach would be refused when recording)."""
+    from halo_core.layout import find_moe_blocks
+    from halo_core.tiny import tiny_family_model
+
+    model = tiny_family_model(family, model_type)
+    replay = RoutingReplay.for_model(model)
+    seen = []
+
+    def capture(module, args, kwargs):  # the experts' integer input: the chosen experts, whatever the family calls it
+        seen.append(next(a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and not a.is_floating_point()).clone())
+
+    hooks = [getattr(block, family.experts).register_forward_pre_hook(capture, with_kwargs=True) for _, block in find_moe_blocks(model, family)]
+    ids = torch.randint(3, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    with replay.record() as routes:
+        model(input_ids=ids)
+    recorded = list(seen)
+    torch.manual_seed(1)
+    with torch.no_grad():  # the policy moves, by about its own scale (more would saturate a softmax router)
+        for router in replay.routers.values():
+            for param in router.parameters():
+                param.add_(2 * param.abs().mean().clamp(min=1e-2) * torch.randn_like(param))
+    seen.clear()
+    model(input_ids=ids)
+    assert any(not torch.equal(a, b) for a, b in zip(seen, recorded)), "the perturbation must move the live routing"
+    seen.clear()
+    with replay.replay(routes):
+        model(input_ids=ids, labels=ids).loss.backward()
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(recorded) and all(torch.equal(a, b) for a, b in zip(seen, recorded)), "replay chose other experts"
+    for name, router in replay.routers.items():
+        assert sum(float(p.grad.abs().sum()) for p in router.parameters() if p.grad is not None) > 0, f"{name} got no gradient"
