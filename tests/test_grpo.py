@@ -207,6 +207,20 @@ def test_a_bad_run_is_refused_before_start_with_its_field(tmp_path, overrides, e
     assert says in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_image_prompts_are_refused_before_start(tmp_path):
+    from halo_core.errors import ConfigError
+
+    (tmp_path / "images.jsonl").write_text(json.dumps({"prompt": [{"role": "user", "content": "What is this?"}], "images": ["a.png"]}) + "\n")
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: images.jsonl\nreward_funcs: [exact_answer]\n")
+    from halo_core.methods.grpo import HaloGRPOConfig
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    with pytest.raises(ConfigError, match="row 1 has images; Halo's grpo generates from text prompts only"):
+        check_run(load_run_config("grpo", HaloGRPOConfig, config, parse_overrides([])), 1)
+
+
 def test_a_group_spanning_ranks_is_accepted_at_the_launchs_world_size(tmp_path):
     """Two ranks of two rows hold one group of four: refused at one process, a valid run at two."""
     _check(tmp_path, "--num_generations=4", "--per_device_train_batch_size=2")

@@ -222,6 +222,13 @@ def check(run: RunConfig, args, world: int = 1) -> None:
     load_rewards(args.reward_funcs)
     if args.rollout_engine not in known_engines():
         engine_factory(args.rollout_engine)  # raises, naming the key and the installed engines
+    from halo_core.trainers.parts.data import first_rows
+
+    for source in run.halo.dataset:
+        for index, row in enumerate(first_rows(source) or ()):
+            if row.get("image") is not None or row.get("images"):
+                raise ConfigError(f"{run.source}: dataset {source.path!r} row {index + 1} has images; Halo's grpo generates from text "
+                                  f"prompts only for now: drop the image columns, or train this data with stock TRL")
     if args.routing_replay and run.halo.compile_layers:
         # Replay's hooks on each router give the shared compiled layer a guard per layer (bench/grpo_vs_trl.py's run
         # hit dynamo's recompile limit), and whether a compiled router still sees the replaying mode is unproven.
