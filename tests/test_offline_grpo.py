@@ -93,12 +93,14 @@ def test_the_trainers_loss_is_the_direct_formula(tmp_path, loss_type, normalizer
     ({"prompt": "1", "completions": ["a"], "rewards": [1.0]}, "row 1 has 1 completion; a group needs at least 2"),
 ])
 def test_malformed_groups_are_refused_before_start(tmp_path, row, message):
-    import subprocess
-    import sys
+    from halo_core.errors import ConfigError
+    from halo_core.methods.offline_grpo import OfflineGRPOConfig
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
 
     (tmp_path / "groups.jsonl").write_text(json.dumps(row) + "\n")
     config = tmp_path / "run.yaml"
     config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: groups.jsonl\n")
-    done = subprocess.run([sys.executable, "-m", "halo_cli", "launch", "offline-grpo", str(config), "--dry-run"], capture_output=True, text=True)
-    assert done.returncode == 2 and re.search(re.escape(message), done.stderr + done.stdout), done.stderr + done.stdout
-    assert "Traceback" not in done.stderr
+    with pytest.raises(ConfigError) as caught:
+        check_run(load_run_config("offline-grpo", OfflineGRPOConfig, config, parse_overrides([])))
+    assert re.search(re.escape(message), str(caught.value)) and "\n" not in str(caught.value)
