@@ -5,6 +5,7 @@ recorded experts through the batch, and the refusals come before start, naming t
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,11 +20,6 @@ from launch_kit import COMMON, GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS,
 TESTS = Path(__file__).resolve().parent
 GRPO = ["--num_generations=2", "--max_completion_length=12", "--temperature=1.0"]
 KEYS = ("loss", "reward", "rewards/grpo_rewards.token_sum/mean", "completions/mean_length", "entropy")
-
-
-@pytest.fixture(autouse=True)
-def _importable_rewards(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))  # every rank imports grpo_rewards by its dotted path
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +234,7 @@ def test_a_failing_reward_is_reported_with_its_name(run_file, tmp_path):
     command = [sys.executable, "-m", "halo_cli", "launch", "grpo", str(config), "--", f"--output_dir={tmp_path / 'out'}", *COMMON, *GRPO,
                "--per_device_train_batch_size=2"]
     done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(TESTS)})
+                          env={**os.environ, "PYTHONPATH": str(TESTS)})
     assert done.returncode != 0
     assert re.search(r"reward function 'grpo_rewards.broken' raised ZeroDivisionError: no reward today", done.stdout + done.stderr)
 

@@ -108,23 +108,13 @@ class HFEngine:
     #: The engine is the training model: no weights to send after a step.
     shares_weights = True
 
-    def __init__(self, model, tokenizer, generation_config: GenerationConfig | None = None, group=None):
+    def __init__(self, model, tokenizer, generation_config: GenerationConfig, group=None):
         self.model, self.tokenizer, self.config, self.group = model, tokenizer, generation_config, group
-
-    def _config(self, params: SamplingParams) -> GenerationConfig:
-        if self.config is not None:
-            config = copy.deepcopy(self.config)
-        else:
-            sample = params.temperature > 0
-            config = GenerationConfig(do_sample=sample, temperature=params.temperature if sample else None,
-                                      top_p=params.top_p if sample else None, top_k=params.top_k or None if sample else None,
-                                      pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.tokenizer.eos_token_id)
-        config.max_new_tokens = params.max_completion_length
-        return config
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        config = self._config(params)
+        config = copy.deepcopy(self.config)  # the trainer's (TRL's sampling keys and generation_kwargs)
+        config.max_new_tokens = params.max_completion_length
         eos = config.eos_token_id if config.eos_token_id is not None else self.tokenizer.eos_token_id
         eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
         # _BatchDone stops the batch; generate must not stop this rank on its own. An unset eos_token_id would be taken
@@ -173,5 +163,5 @@ class HFEngine:
         pass
 
 
-def hf_engine(model, tokenizer, generation_config: GenerationConfig | None = None, group=None, **kwargs) -> HFEngine:
+def hf_engine(model, tokenizer, generation_config: GenerationConfig, group=None, **kwargs) -> HFEngine:
     return HFEngine(model, tokenizer, generation_config, group)

@@ -1,8 +1,7 @@
 """GRPO's policy loss over per-token log-probs, normalised so that data-parallel ranks add up to one process.
 
 The per-token term is TRL's (``GRPOTrainer._compute_loss``): ``-min(ρ A, clip(ρ, 1-ε_low, 1+ε_high) A)`` with
-``ρ = exp(logp - old_logp)`` (1 with no old pass: one update per batch), times the IS ratio when given, plus
-``β k3`` against a reference. The reductions differ from TRL's in one respect: TRL's ``bnpo`` divides by the
+``ρ = exp(logp - old_logp)`` (1 with no old pass: one update per batch). The reductions differ from TRL's in one respect: TRL's ``bnpo`` divides by the
 rank's own token count, so two ranks with different completion lengths do not average to one process; here
 ``tokens`` (the token count of the whole data-parallel batch, summed over ranks) is the divisor, and each rank's
 loss is its share, so the ranks' losses add up to the one-process loss (``grpo``'s per-sequence means and
@@ -17,21 +16,13 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo")
 
 
 def per_token_loss(logps: torch.Tensor, advantages: torch.Tensor, old_logps: torch.Tensor | None = None, epsilon_low: float = 0.2,
-                   epsilon_high: float = 0.2, ref_logps: torch.Tensor | None = None, beta: float = 0.0,
-                   is_ratio: torch.Tensor | None = None) -> torch.Tensor:
+                   epsilon_high: float = 0.2) -> torch.Tensor:
     """``(B, T)`` per-token losses; ``advantages`` ``(B,)`` or ``(B, 1)``."""
     advantages = advantages.reshape(-1, 1).to(logps.dtype)
     old = logps.detach() if old_logps is None else old_logps
     ratio = torch.exp(logps - old)
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
-    loss = -torch.min(ratio * advantages, clipped * advantages)
-    if is_ratio is not None:
-        loss = loss * is_ratio
-    if beta:
-        if ref_logps is None:
-            raise ValueError("beta > 0 needs the reference's per-token log-probs")
-        loss = loss + beta * (torch.exp(ref_logps - logps) - (ref_logps - logps) - 1)
-    return loss
+    return -torch.min(ratio * advantages, clipped * advantages)
 
 
 def reduce_loss(loss: torch.Tensor, mask: torch.Tensor, loss_type: str, *, sequences: int, tokens: int | torch.Tensor,
