@@ -104,3 +104,19 @@ def test_malformed_groups_are_refused_before_start(tmp_path, row, message):
     with pytest.raises(ConfigError) as caught:
         check_run(load_run_config("offline-grpo", OfflineGRPOConfig, config, parse_overrides([])))
     assert re.search(re.escape(message), str(caught.value)) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["--loss_type=dapo"], "loss_type='dapo' is refused by OfflineGRPOConfig: loss_type must be one of"),
+    (["--advantage_normalizer=rank"], "advantage_normalizer='rank' is refused by OfflineGRPOConfig"),
+    (["--loss_type=dr_grpo"], "loss_type='dr_grpo' is refused by OfflineGRPOConfig: loss_type 'dr_grpo' divides by max_completion_length"),
+])
+def test_an_impossible_key_is_refused_before_start_with_its_field(run_file, overrides, says):
+    from halo_core.errors import ConfigError
+    from halo_core.methods.offline_grpo import OfflineGRPOConfig
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    with pytest.raises(ConfigError) as caught:
+        check_run(load_run_config("offline-grpo", OfflineGRPOConfig, run_file, parse_overrides(overrides)))
+    assert says in str(caught.value) and "\n" not in str(caught.value)
