@@ -35,7 +35,11 @@ from halo_core.errors import ConfigError
 from halo_core.methods.reference import reference_given
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.layout_state import layout_of
+from halo_core.rl.driver import RolloutDriver
 from halo_core.rl.engines import SamplingParams, engine_factory, known_engines
+from halo_core.rl.lookahead import Lookahead
+from halo_core.rl.probe import probe_logprobs
+from halo_core.rl.environments import check_tools, load_environment, load_tools
 from halo_core.rl.rewards import load_rewards
 from halo_core.rl.routing import RoutingReplay, RoutingReplayError, route_rows, row_routes
 from halo_core.trainers.method import Method
@@ -55,6 +59,27 @@ class HaloGRPOConfig(GRPOConfig):
     rollout_engine: str = field(default="hf", metadata={"help": "The rollout engine (halo.rollout_engines): hf generates in process on the laid-out model."})
     routing_replay: bool = field(default=True, metadata={
         "help": "MoE models: replay in the loss pass the experts every token was routed to when its old log-probs were taken."})
+    environment: str | None = field(default=None, metadata={
+        "help": "A multi-turn environment by name (the halo.environments group: code_contests) or dotted path: "
+                "TRL's environment_factory, its methods the tools the model may call."})
+    tools: list[str] = field(default_factory=list, metadata={
+        "help": "Tool functions by name (the halo.tools group) or dotted path: TRL's tools, called between turns."})
+    tool_timeout_s: float | None = field(default=30.0, metadata={
+        "help": "Seconds a tool call (an environment's methods included) may take; past it the model gets an error result."})
+    engine_urls: list[str] = field(default_factory=list, metadata={
+        "help": "Server engines (rollout_engine: vllm or sglang): the base URLs of the running servers, e.g. [http://gpu1:8000]."})
+    max_staleness: int = field(default=0, metadata={
+        "help": "Server engines: 0 generates each batch with the current weights; >= 1 generates the next batch while this one "
+                "trains, its rollouts at most this many optimizer steps old (the importance-sampling correction covers the lag)."})
+    weight_sync: str = field(default="full", metadata={
+        "help": "Server engines: full sends every tensor after each step; sparse sends only the elements whose wire-dtype bits "
+                "changed, as (index, value) pairs, with a full anchor every weight_sync_anchor_every syncs."})
+    weight_sync_anchor_every: int = field(default=10, metadata={"help": "weight_sync: sparse: every Nth sync is full."})
+    weight_sync_dtype: str = field(default="auto", metadata={
+        "help": "The dtype weights travel (and are diffed) in: auto is bfloat16 when bf16 trains, else the parameters' dtype."})
+    weight_sync_backend: str = field(default="auto", metadata={"help": "The weight-update group's backend: auto (nccl on GPU, else gloo), nccl or gloo."})
+    engine_timeout_s: float = field(default=600.0, metadata={"help": "Server engines: seconds one request may take before it is retried."})
+    engine_retries: int = field(default=3, metadata={"help": "Server engines: retries of a failed completion request (on the next server)."})
 
 
 class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
@@ -65,6 +90,10 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     def __init__(self, *args, ref_model=None, **kwargs):
         config = kwargs["args"]
         kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs))
+        if config.tools:
+            kwargs.setdefault("tools", load_tools(config.tools, config.tool_timeout_s))
+        if config.environment:
+            kwargs.setdefault("environment_factory", load_environment(config.environment, config.tool_timeout_s))
         with reference_given(trl.trainer.grpo_trainer, ref_model):
             super().__init__(*args, **kwargs)
         self.use_vllm = True  # opens TRL's importance-sampling gate (see the module docstring); generation is ours
@@ -76,28 +105,41 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         self._halo_recorded = None
         self._halo_replaying = None
         self._halo_replay_on = ExitStack()
-        self._halo_synced_step = -1
         group = layout_of(self.model).group("dp") if dist.is_initialized() else None
-        self._halo_engine = engine_factory(config.rollout_engine)(model=self.model, tokenizer=self._tokenizer, args=config,
-                                                                generation_config=self.generation_config, group=group)
+        engine = engine_factory(config.rollout_engine)(model=self.model, tokenizer=self._tokenizer, args=config,
+                                                       generation_config=self.generation_config, group=group)
+        self._halo_rollouts = RolloutDriver(self, engine)
+        if self._halo_rollouts.server:
+            self._halo_rollouts.sync(force=True)
+            probe_logprobs(self)
 
     # -- rollouts ---------------------------------------------------------------------------
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         if images is not None or multimodal_fields:
             raise NotImplementedError("Halo's GRPO takes text prompts; image inputs are not supported yet")
-        engine = self._halo_engine
-        if not getattr(engine, "shares_weights", False) and self.state.global_step != self._halo_synced_step:
-            from halo_core.parallel.state_dict import full_state_dict
-
-            engine.update_weights(full_state_dict(self.model).items())  # every rank gathers; rank 0 holds the tensors
-            self._halo_synced_step = self.state.global_step
         # TRL's rows repeat each prompt num_generations times already: one completion per row.
         params = SamplingParams(num_generations=1, max_completion_length=self.max_completion_length, temperature=self.temperature,
                                 top_p=self.top_p, top_k=self.top_k or 0)
-        rollout = engine.generate(prompt_ids, params)
-        reshard_all(self.model)  # forwards without a backward leave FSDP2's root unit gathered
+        rollout = self._halo_rollouts.rollout(prompt_ids, params)
         return rollout.completion_ids, rollout.logprobs
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The trainer's batches through a ``Lookahead``: the asynchronous loop reads the next generation batch early."""
+        rollouts = self._halo_rollouts
+        if rollouts.server and self.args.max_staleness >= 1:
+            if rollouts.lookahead is None or rollouts.lookahead.iterator is not epoch_iterator:
+                rollouts.lookahead = Lookahead(epoch_iterator)
+            epoch_iterator = rollouts.lookahead
+        return super().get_batch_samples(epoch_iterator, num_batches, device)
+
+    def train(self, *args, **kwargs):
+        try:
+            result = super().train(*args, **kwargs)
+            self._halo_rollouts.sync()  # the servers end on the trained policy
+            return result
+        finally:
+            self._halo_rollouts.close()
 
     def _prepare_inputs(self, generation_batch):
         """TRL's, with the generation batch's shuffle drawn over the whole data-parallel batch (``_shuffle``), so
@@ -106,6 +148,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
         if self._step % generate_every == 0 or self._buffered_inputs is None:
+            self._halo_rollouts.current_batch = generation_batch
             batch = split_pixel_values_by_grid(self._generate_and_score_completions(generation_batch))
             batches = split_tensor_dict(self._shuffle(batch), self.args.steps_per_generation)
             self._buffered_inputs = [unsplit_pixel_values_by_grid(b) for b in batches]
@@ -130,6 +173,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         inputs, tp = self._pool_over_tp(inputs)
         seen = self.state.num_input_tokens_seen
         self._halo_scoring, self._halo_recorded = True, None
+        self._halo_rollouts.first_turn = True
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
@@ -220,6 +264,7 @@ def check(run: RunConfig, args, world: int = 1) -> None:
     if not args.reward_funcs:
         raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
     load_rewards(args.reward_funcs)
+    check_tools(args)  # environment and tools by name, tool_timeout_s
     if args.rollout_engine not in known_engines():
         engine_factory(args.rollout_engine)  # raises, naming the key and the installed engines
     from halo_core.trainers.parts.data import first_rows

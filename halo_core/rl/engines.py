@@ -63,11 +63,13 @@ class Rollout:
 class RolloutEngine(Protocol):
     """What ``rollout_engine: NAME`` (an entry point of ``halo.rollout_engines``) provides."""
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        """``params.num_generations`` completions of each prompt."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int] | None = None) -> Rollout:
+        """``params.num_generations`` completions of each prompt; ``seeds``: one per completion, for an engine that
+        seeds each (a server), else ignored."""
 
     def update_weights(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Take the trained weights (Hugging Face names, whole tensors: EP shards already gathered)."""
+        """Take the trained weights (Hugging Face names, whole tensors: EP shards already gathered). Every trainer
+        rank calls it and must consume ``named`` (gathering is collective); rank 0's tensors are the real ones."""
 
     def close(self) -> None:
         """Release what the engine holds (server connections, process groups)."""

@@ -112,7 +112,7 @@ class HFEngine:
         self.model, self.tokenizer, self.config, self.group = model, tokenizer, generation_config, group
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, seeds=None) -> Rollout:
         config = copy.deepcopy(self.config)  # the trainer's (TRL's sampling keys and generation_kwargs)
         config.max_new_tokens = params.max_completion_length
         eos = config.eos_token_id if config.eos_token_id is not None else self.tokenizer.eos_token_id

@@ -14,20 +14,19 @@ Built-ins:
 - ``number_format``: 1.0 when the completion is one number and nothing else (an answer the parser reads
   without guessing), else 0.0.
 - ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
-  (assert statements) in a fresh Python subprocess under a time and a memory limit; 1.0 when every test passes.
+  (assert statements) in a fresh Python subprocess under a time and a memory limit (``halo_core.rl.sandbox``); 1.0
+  when every test passes.
 """
 
 from __future__ import annotations
 
 import math
 import re
-import subprocess
-import sys
-import tempfile
 from importlib.metadata import entry_points
 from typing import Callable
 
 from halo_core.errors import ConfigError, HaloError
+from halo_core.rl.sandbox import run_python
 
 ENTRY_POINT_GROUP = "halo.rewards"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -83,16 +82,14 @@ def code_tests(prompts, completions, tests, timeout_s: float = 5.0, memory_mb: i
 
 
 def _run_tests(completion: str, tests: list[str], timeout_s: float, memory_mb: int) -> float:
+    program = code_block(completion) + "\n\n" + "\n".join(tests) + "\n"
+    return 1.0 if run_python(program, timeout_s, memory_mb).returncode == 0 else 0.0
+
+
+def code_block(completion: str) -> str:
+    """The completion's last fenced Python block, or all of it."""
     blocks = _FENCE.findall(completion)
-    program = (blocks[-1] if blocks else completion) + "\n\n" + "\n".join(tests) + "\n"
-    limit = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({memory_mb << 20}, {memory_mb << 20}))\n"
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            done = subprocess.run([sys.executable, "-I", "-c", limit + program], cwd=folder, capture_output=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return 0.0
-    return 1.0 if done.returncode == 0 else 0.0
+    return blocks[-1] if blocks else completion
 
 
 def checked(name: str, function: Callable) -> Callable:

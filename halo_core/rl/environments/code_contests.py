@@ -1,0 +1,43 @@
+"""``code_contests``: the model may test a solution against the row's tests before it answers.
+
+Rows carry ``prompt`` (the problem) and ``tests`` (statements such as ``assert f(2) == 4``, as for the
+``code_tests`` reward). ``run_tests(code)`` runs the code, then each test, in the sandbox
+(``halo_core.rl.sandbox``: ``python -I``, a temporary folder, an address-space limit, a wall-clock timeout) and
+tells the model how many passed and the first failure. The reward (``get_reward``) is the share of tests passed by
+the last code it ran, 0 when it ran none: the environment never sees the final message, so to score the final
+answer's code as well add ``code_tests`` to ``reward_funcs`` (all tests or nothing, the same sandbox).
+"""
+
+from __future__ import annotations
+
+from halo_core.rl.rewards import code_block
+from halo_core.rl.sandbox import run_tests
+
+
+class CodeContests:
+    """One rollout's problem; subclass it to change the limits."""
+
+    timeout_s = 5.0
+    memory_mb = 512
+
+    def reset(self, tests=None, **row) -> None:
+        if tests is None:
+            raise ValueError("environment 'code_contests' needs a 'tests' column (a list of assert statements) in every row")
+        self._tests = [str(test) for test in tests]
+        self._score = 0.0
+
+    def run_tests(self, code: str) -> str:
+        """Run a Python solution against the problem's hidden tests.
+
+        Args:
+            code: The whole solution, Python source defining what the tests call.
+
+        Returns:
+            How many tests passed, and the first failure.
+        """
+        report = run_tests(code_block(code), self._tests, self.timeout_s, self.memory_mb)
+        self._score = report.fraction
+        return report.summary(self.timeout_s)
+
+    def get_reward(self) -> float:
+        return self._score
