@@ -97,6 +97,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         with reference_given(trl.trainer.grpo_trainer, ref_model):
             super().__init__(*args, **kwargs)
         self.use_vllm = True  # opens TRL's importance-sampling gate (see the module docstring); generation is ours
+        self.vllm_mode = "server"  # not "colocate": TRL's tool loop would read its (absent) vLLM engine's max_model_len
         # TRL seeds each process apart (seed + rank) so that ranks sampling alone do not repeat each other; the engine
         # draws the whole batch at once, and needs every rank's generator where one process's is (rank 0's already is).
         set_seed(config.seed)
@@ -261,7 +262,7 @@ def run(run: RunConfig) -> None:
 def check(run: RunConfig, args, world: int = 1) -> None:
     """Rewards and engine by name (the generation batch against num_generations is GRPOConfig's own check, at the
     launch's world size)."""
-    if not args.reward_funcs:
+    if not args.reward_funcs and not args.environment:  # an environment may own the reward (its get_reward)
         raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
     load_rewards(args.reward_funcs)
     check_tools(args)  # environment and tools by name, tool_timeout_s

@@ -10,6 +10,7 @@ log-probs of a few sampled tokens must match the trainer's own ``log_softmax(log
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor
 from trl import GRPOTrainer
 
 from halo_core.parallel.fsdp import reshard_all
@@ -20,17 +21,21 @@ from halo_core.rl.server_engine import EngineError
 PROBE_TOKENS = 8
 
 
-def _trainer_logprobs(trainer, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+def _trainer_logprobs(trainer, prompt: list[int], completion: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The completion's log-probs as the trainer's IS ratio divides by them (TRL's fused head, its temperature built
+    in), and raw (the plain forward's logits)."""
     device = next(trainer.model.parameters()).device
     ids = torch.tensor([prompt + completion], device=device)
-    saved, trainer.temperature = trainer.temperature, temperature
+    mask = torch.ones_like(ids)
     try:
-        with torch.no_grad():  # TRL's own pass (below Halo's routing replay): what the trainer's IS ratio divides by
-            logps, _ = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, ids, torch.ones_like(ids), len(completion))
+        with torch.no_grad():  # TRL's own pass, below Halo's routing replay
+            processed = GRPOTrainer._get_per_token_logps_and_entropies(trainer, trainer.model, ids, mask, len(completion))[0]
+            logits = trainer.model(input_ids=ids, attention_mask=mask).logits
+            logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
     finally:
-        trainer.temperature = saved
         reshard_all(trainer.model)
-    return logps[0].float().cpu()
+    raw = torch.log_softmax(logits[0, len(prompt) - 1 : -1].float(), -1).gather(-1, torch.tensor(completion, device=device)[:, None])[:, 0]
+    return processed[0].float().cpu(), raw.cpu()
 
 
 def probe_logprobs(trainer) -> None:
@@ -46,8 +51,7 @@ def probe_logprobs(trainer) -> None:
     completion, served = rollout.completion_ids[0], torch.tensor(rollout.logprobs[0])
     if not completion:
         return
-    processed = _trainer_logprobs(trainer, prompt_ids[0], completion, temperature)
-    raw = _trainer_logprobs(trainer, prompt_ids[0], completion, 1.0)
+    processed, raw = _trainer_logprobs(trainer, prompt_ids[0], completion)
     off_processed = (served - processed).abs().mean().item()
     off_raw = (served - raw).abs().mean().item()
     if off_raw < off_processed:

@@ -135,7 +135,7 @@ class WeightSender:
             names.append(name), shapes.append(list(tensor.shape)), dtypes.append(str(tensor.dtype).removeprefix("torch."))
             counts.append(changed.numel())
             indices.append(changed.to(torch.int32 if tensor.numel() < 2**31 else torch.int64))
-            values.append(bits(tensor).flatten()[changed])  # as bits: one value buffer whatever the tensors' dtypes
+            values.append(bits(tensor).flatten()[changed])  # as bits: one buffer for every same-width dtype of the chunk
         if not names:
             return
         index_dtype = torch.int64 if any(i.dtype == torch.int64 for i in indices) else torch.int32
@@ -145,7 +145,7 @@ class WeightSender:
             for width in sorted(widths):
                 self._send_sparse([(n, t) for n, t in wired if t.element_size() == width], report)
             return
-        flat_values = torch.cat(values)
+        flat_values = torch.cat(values).view(getattr(torch, dtypes[0]))  # floats travel as floats (gloo has no int16)
         body = {"names": names, "dtypes": dtypes, "shapes": shapes, "counts": counts, "group_name": self.group_name,
                 "index_dtype": str(index_dtype).removeprefix("torch."), "flush_cache": True}
 
@@ -174,9 +174,10 @@ def receive_sparse(group, body: dict, device="cpu") -> list[tuple[str, torch.Ten
     total = sum(body["counts"])
     width = getattr(torch, body["dtypes"][0]).itemsize
     index = torch.empty(total, dtype=getattr(torch, body["index_dtype"]), device=device)
-    values = torch.empty(total, dtype=_BITS[width], device=device)
+    values = torch.empty(total, dtype=getattr(torch, body["dtypes"][0]), device=device)
     group.broadcast(index, 0).wait()
     group.broadcast(values, 0).wait()
+    values = values.view(_BITS[width])
     out, start = [], 0
     for name, count in zip(body["names"], body["counts"]):
         out.append((name, index[start : start + count].long(), values[start : start + count]))
