@@ -216,3 +216,49 @@ def test_a_server_that_dies_stops_the_run_with_a_checkpoint_that_resumes(servers
     config = _run(tmp_path, [servers.start()], "engine_retries: 1")
     _launch(config, out, 1, "--max_steps=4", "--save_steps=4", "--resume_from_checkpoint=true")
     assert [entry["step"] for entry in _history(out, 4) if "loss" in entry] == [1, 2, 3, 4]  # the first run's steps, then the rest
+
+
+def test_the_asynchronous_loop_with_two_servers_raises_the_reward(servers, tmp_path):
+    """max_staleness: 1 over two servers: every batch after the first was generated while the one before it trained
+    (one optimizer step old), and a learnable reward (the share of even token ids) still rises."""
+    urls = [servers.start(), servers.start()]
+    out = tmp_path / "out"
+    _launch(_run(tmp_path, urls, "max_staleness: 1"), out, 1, "--max_steps=20", "--save_steps=20", "--logging_steps=5",
+            "--per_device_train_batch_size=16", "--num_generations=8", "--optim=adamw_torch", "--learning_rate=1e-2")
+    history = [entry for entry in _history(out, 20) if "loss" in entry]
+    assert [entry.get("async/staleness") for entry in history] == [1.0] * 4  # every window used prefetched rollouts
+    rewards = [entry["reward"] for entry in history]
+    assert rewards == sorted(rewards) and rewards[-1] > rewards[0] + 0.1, rewards
+
+
+def _check(tmp_path, *overrides, extra=""):
+    from halo_core.methods.grpo import HaloGRPOConfig
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    config = write_run(tmp_path, "prompts", "reward_funcs: [exact_answer]\n" + extra)
+    check_run(load_run_config("grpo", HaloGRPOConfig, config, parse_overrides(list(overrides))), 1)
+
+
+@pytest.mark.parametrize("overrides, extra, says", [
+    (["--rollout_engine=vllm"], "", "rollout_engine: vllm needs engine_urls"),
+    ([], "engine_urls: [http://h:1]\n", "engine_urls is set but rollout_engine is hf"),
+    (["--rollout_engine=vllm"], "engine_urls: [h:1]\n", "engine_urls entry 'h:1' is not an http(s) URL"),
+    (["--rollout_engine=sglang", "--weight_sync=sparse"], "engine_urls: [http://h:1]\n", "weight_sync: sparse is not supported by SGLang"),
+    (["--rollout_engine=vllm", "--weight_sync=delta"], "engine_urls: [http://h:1]\n", "weight_sync: 'delta' is not one of full, sparse"),
+    (["--rollout_engine=vllm", "--max_staleness=-1"], "engine_urls: [http://h:1]\n", "max_staleness: -1 must be at least 0"),
+    (["--max_staleness=1"], "", "max_staleness: 1 needs a server engine"),
+    (["--use_vllm=true"], "", "vllm_mode: colocate is not supported"),
+])
+def test_bad_engine_keys_are_refused_before_start(tmp_path, overrides, extra, says):
+    with pytest.raises(__import__("halo_core.errors", fromlist=["ConfigError"]).ConfigError) as caught:
+        _check(tmp_path, *overrides, extra=extra)
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_trl_server_mode_config_runs_on_the_vllm_engine():
+    from halo_core.methods.grpo import HaloGRPOConfig
+
+    args = HaloGRPOConfig(output_dir="unused", bf16=False, use_cpu=True, reward_funcs=["exact_answer"], use_vllm=True, vllm_mode="server",
+                          vllm_server_host="10.0.0.2", vllm_server_port=8001)
+    assert (args.rollout_engine, args.engine_urls, args.use_vllm) == ("vllm", ["http://10.0.0.2:8001"], False)

@@ -81,6 +81,14 @@ class HaloGRPOConfig(GRPOConfig):
     engine_timeout_s: float = field(default=600.0, metadata={"help": "Server engines: seconds one request may take before it is retried."})
     engine_retries: int = field(default=3, metadata={"help": "Server engines: retries of a failed completion request (on the next server)."})
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.use_vllm and self.vllm_mode == "server" and self.rollout_engine == "hf":
+            # A TRL server-mode config: the same server, through Halo's vllm engine (TRL's client is never built).
+            self.rollout_engine = "vllm"
+            self.engine_urls = self.engine_urls or [self.vllm_server_base_url or f"http://{self.vllm_server_host}:{self.vllm_server_port}"]
+            self.use_vllm = False
+
 
 class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     """TRL's GRPOTrainer on a Halo layout, its rollouts from a rollout engine."""
@@ -275,11 +283,47 @@ def check(run: RunConfig, args, world: int = 1) -> None:
             if row.get("image") is not None or row.get("images"):
                 raise ConfigError(f"{run.source}: dataset {source.path!r} row {index + 1} has images; Halo's grpo generates from text "
                                   f"prompts only for now: drop the image columns, or train this data with stock TRL")
+    _check_engine(run, args)
     if args.routing_replay and run.halo.compile_layers:
         # Replay's hooks on each router give the shared compiled layer a guard per layer (bench/grpo_vs_trl.py's run
         # hit dynamo's recompile limit), and whether a compiled router still sees the replaying mode is unproven.
         raise ConfigError(f"{run.source}: compile_layers: true with routing_replay: true is not supported yet; set "
                           f"compile_layers: false, or routing_replay: false")
+
+
+
+def _check_engine(run: RunConfig, args) -> None:
+    """The server-engine keys, before any process starts."""
+    where = run.source
+    if args.use_vllm and args.vllm_mode == "colocate":
+        raise ConfigError(f"{where}: use_vllm: true with vllm_mode: colocate is not supported (Halo does not import vLLM); start a "
+                          f"vLLM server and set rollout_engine: vllm and engine_urls: [http://HOST:PORT] (agent-docs/rl.md)")
+    server = args.rollout_engine in ("vllm", "sglang")
+    if server and not args.engine_urls:
+        raise ConfigError(f"{where}: rollout_engine: {args.rollout_engine} needs engine_urls, the running servers' base URLs, e.g. "
+                          f"engine_urls: [http://localhost:8000]")
+    if args.engine_urls and args.rollout_engine == "hf":
+        raise ConfigError(f"{where}: engine_urls is set but rollout_engine is hf (which generates in process); set rollout_engine: "
+                          f"vllm or sglang, or drop engine_urls")
+    for url in args.engine_urls:
+        if not str(url).startswith(("http://", "https://")):
+            raise ConfigError(f"{where}: engine_urls entry {url!r} is not an http(s) URL; write it as http://HOST:PORT")
+    choices = {"weight_sync": ("full", "sparse"), "weight_sync_dtype": ("auto", "bfloat16", "float16", "float32"),
+               "weight_sync_backend": ("auto", "nccl", "gloo")}
+    for key, allowed in choices.items():
+        if getattr(args, key) not in allowed:
+            raise ConfigError(f"{where}: {key}: {getattr(args, key)!r} is not one of {', '.join(allowed)}")
+    if args.weight_sync == "sparse" and args.rollout_engine == "sglang":
+        raise ConfigError(f"{where}: weight_sync: sparse is not supported by SGLang servers (they take whole tensors); use "
+                          f"weight_sync: full, or a vLLM server with Halo's worker extension")
+    for key, low in (("max_staleness", 0), ("weight_sync_anchor_every", 1), ("engine_retries", 0)):
+        if getattr(args, key) < low:
+            raise ConfigError(f"{where}: {key}: {getattr(args, key)} must be at least {low}")
+    if args.engine_timeout_s <= 0:
+        raise ConfigError(f"{where}: engine_timeout_s: {args.engine_timeout_s} must be positive")
+    if args.max_staleness and not server:
+        raise ConfigError(f"{where}: max_staleness: {args.max_staleness} needs a server engine (rollout_engine: vllm or sglang); the "
+                          f"{args.rollout_engine} engine generates with the model being trained, so it cannot run ahead: set max_staleness: 0")
 
 
 METHOD = Method(name="grpo", config_class=HaloGRPOConfig, run=run, trainer=HaloGRPOTrainer, splits=frozenset({"ep", "tp", "etp"}),

@@ -151,9 +151,11 @@ class RolloutDriver:
         if not failed:
             return result
         trainer = self.trainer
+        reason = str(failure) if failure else "another rank's rollout failed"
+        if trainer.state.global_step == 0:  # nothing trained yet: nothing to save
+            raise EngineError(reason)
         trainer._save_checkpoint(trainer.model, trial=None)
         where = f"{trainer.args.output_dir}/checkpoint-{trainer.state.global_step}"
-        reason = str(failure) if failure else "another rank's rollout failed"
         raise EngineError(f"{reason}; the run stopped with its last completed step saved in {where}: start the servers again "
                           f"and resume with resume_from_checkpoint: true")
 
