@@ -284,6 +284,11 @@ def check(run: RunConfig, args, world: int = 1) -> None:
                 raise ConfigError(f"{run.source}: dataset {source.path!r} row {index + 1} has images; Halo's grpo generates from text "
                                   f"prompts only for now: drop the image columns, or train this data with stock TRL")
     _check_engine(run, args)
+    if (args.tools or args.environment) and args.rollout_engine == "hf" and world > 1:
+        # TRL's tool loop calls the engine again only for the rows that called a tool: ranks would enter the hf engine's
+        # collectives a different number of times.
+        raise ConfigError(f"{run.source}: tools or an environment with rollout_engine: hf train on one process only (--nproc 1); "
+                          f"for more, use a server engine (rollout_engine: vllm or sglang)")
     if args.routing_replay and run.halo.compile_layers:
         # Replay's hooks on each router give the shared compiled layer a guard per layer (bench/grpo_vs_trl.py's run
         # hit dynamo's recompile limit), and whether a compiled router still sees the replaying mode is unproven.

@@ -92,7 +92,8 @@ class RolloutDriver:
         self.sync()
         if rollout is None:
             seeds = self.seeds(len(prompt_ids) * params.num_generations, self.generations - (0 if first else 1), self.turn)
-            rollout = self._guard(lambda: self._generate(prompt_ids, params, seeds))
+            # A later turn's calls are as many as this rank's own conversations need: no collective there.
+            rollout = self._guard(lambda: self._generate(prompt_ids, params, seeds)) if first else self._generate(prompt_ids, params, seeds)
         if first:
             self.generations += 1
             self._prefetch(params)
