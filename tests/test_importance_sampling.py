@@ -36,7 +36,7 @@ class _Stale:
     def __init__(self, engine):
         self.engine, self.shares_weights = engine, True
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, seeds=None):
         rollout = self.engine.generate(prompts, params)
         draw = torch.Generator().manual_seed(1)
         rollout.logprobs = [[lp + 0.6 * (float(torch.rand((), generator=draw)) - 0.5) for lp in row] for row in rollout.logprobs]
@@ -61,7 +61,7 @@ def test_the_trainers_ratio_is_the_direct_formula(tmp_path, mode, low, high):
     rows = uneven_rows("prompts")[:2]
     trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(rows),
                               processing_class=AutoTokenizer.from_pretrained(TINY))
-    trainer._halo_engine = _Stale(trainer._halo_engine)
+    trainer._halo_rollouts.engine = _Stale(trainer._halo_rollouts.engine)
     out = trainer._generate_and_score_completions([row for row in rows for _ in range(2)])
     mask = out["completion_mask"]
     expected = direct(out["old_per_token_logps"], out["sampling_per_token_logps"], mask, mode, low, high)

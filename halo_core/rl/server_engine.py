@@ -243,17 +243,25 @@ class ServerEngine:
 
     def update_weights(self, named) -> None:
         """Every trainer rank calls it (gathering the named tensors is collective); rank 0 sends them."""
-        if dist.is_initialized() and dist.get_rank() != 0:
-            for _ in named:  # drive the gathers
-                pass
-            return
-        if self.sender is None:
-            self.sender = self._join()
-        self._each(self.dialect.pause_path)
+        named = iter(named)
         try:
-            self.last_sync = self.sender.sync(named, self.chunk_bytes)
+            if dist.is_initialized() and dist.get_rank() != 0:
+                return
+            if self.sender is None:
+                try:
+                    self.sender = self._join()
+                except (RuntimeError, dist.DistError) as exc:  # a server that never joined the group
+                    raise EngineError(f"engine servers {self.urls}: joining the weight-update group failed: {exc}") from None
+            self._each(self.dialect.pause_path)
+            try:
+                self.last_sync = self.sender.sync(named, self.chunk_bytes)
+            except (RuntimeError, dist.DistError) as exc:  # the group broke under a broadcast (a server died mid-sync)
+                raise EngineError(f"engine servers {self.urls}: a weight sync failed part-way: {exc}") from None
+            finally:
+                self._each(self.dialect.resume_path)
         finally:
-            self._each(self.dialect.resume_path)
+            for _ in named:  # drive the gathers left: a failure part-way must not leave the other ranks waiting in them
+                pass
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
