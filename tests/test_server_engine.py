@@ -249,6 +249,7 @@ def _check(tmp_path, *overrides, extra=""):
     (["--rollout_engine=vllm", "--max_staleness=-1"], "engine_urls: [http://h:1]\n", "max_staleness: -1 must be at least 0"),
     (["--max_staleness=1"], "", "max_staleness: 1 needs a server engine"),
     (["--use_vllm=true"], "", "vllm_mode: colocate is not supported"),
+    (["--rollout_engine=vllm", "--use_peft=true"], "engine_urls: [http://h:1]\n", "use_peft: true with rollout_engine: vllm is not supported"),
 ])
 def test_bad_engine_keys_are_refused_before_start(tmp_path, overrides, extra, says):
     with pytest.raises(__import__("halo_core.errors", fromlist=["ConfigError"]).ConfigError) as caught:

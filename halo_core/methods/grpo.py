@@ -326,6 +326,9 @@ def _check_engine(run: RunConfig, args) -> None:
             raise ConfigError(f"{where}: {key}: {getattr(args, key)} must be at least {low}")
     if args.engine_timeout_s <= 0:
         raise ConfigError(f"{where}: engine_timeout_s: {args.engine_timeout_s} must be positive")
+    if server and run.peft.get("use_peft"):
+        raise ConfigError(f"{where}: use_peft: true with rollout_engine: {args.rollout_engine} is not supported yet (the servers need "
+                          f"the merged weights, which Halo does not send); train LoRA with rollout_engine: hf, or full weights on a server")
     if args.max_staleness and not server:
         raise ConfigError(f"{where}: max_staleness: {args.max_staleness} needs a server engine (rollout_engine: vllm or sglang); the "
                           f"{args.rollout_engine} engine generates with the model being trained, so it cannot run ahead: set max_staleness: 0")

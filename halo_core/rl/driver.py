@@ -51,8 +51,10 @@ class RolloutDriver:
         from halo_core.parallel.state_dict import gather_full
 
         model = trainer.model
-        # One tensor gathered at a time as the sender streams them: rank 0 never holds the whole model twice.
-        named = ((name, gather_full(model, [(name, tensor)]).get(name)) for name, tensor in model.state_dict().items())
+        # Frozen parameters are sent once, at start-up (buffers always: some change without gradients, e.g. a router's
+        # correction bias). One tensor gathered at a time as the sender streams them: rank 0 never holds the model twice.
+        frozen = set() if self.synced_step is None else {n for n, p in model.named_parameters() if not p.requires_grad}
+        named = ((name, gather_full(model, [(name, tensor)]).get(name)) for name, tensor in model.state_dict().items() if name not in frozen)
         self._guard(lambda: self.engine.update_weights(named))
         self.synced_step = trainer.state.global_step
         report = getattr(self.engine, "last_sync", None)

@@ -111,7 +111,13 @@ class WeightSender:
         start = time.perf_counter()
         for chunk in chunks(named, chunk_bytes):
             wired = [(name, self._wire(tensor)) for name, tensor in chunk]
-            (self._send_full if full else self._send_sparse)(wired, report)
+            if full:
+                self._send_full(wired, report)
+            else:  # a tensor never sent before goes whole
+                fresh = [(n, t) for n, t in wired if n not in self.last]
+                if fresh:
+                    self._send_full(fresh, report)
+                self._send_sparse([(n, t) for n, t in wired if n in self.last], report)
             if self.sparse:
                 self.last.update((name, bits(tensor).clone()) for name, tensor in wired)
         report.seconds = time.perf_counter() - start
