@@ -177,17 +177,19 @@ def _history(out: Path, step: int) -> list[dict]:
 
 
 def test_expert_parallel_training_leaves_the_servers_on_the_trained_weights(servers, tmp_path):
-    """Two EP ranks, two servers, sparse syncs: after the run every server holds the saved checkpoint's weights,
-    bit for bit (the experts gathered from both ranks' shards); the start-up sync was full, later ones sparse."""
+    """Two EP ranks, two servers, sparse syncs, the next batch generated ahead: after the run every server holds the
+    saved checkpoint's weights, bit for bit (the experts gathered from both ranks' shards); the start-up sync was
+    full, later ones sparse; the ranks used their prefetched rollouts together."""
     urls = [servers.start(), servers.start()]
     out = tmp_path / "out"
-    _launch(_run(tmp_path, urls, "weight_sync: sparse", "weight_sync_anchor_every: 100"), out, 2, "--expert_parallel_size=2",
+    _launch(_run(tmp_path, urls, "weight_sync: sparse", "weight_sync_anchor_every: 100", "max_staleness: 1"), out, 2, "--expert_parallel_size=2",
             "--max_steps=3", "--save_steps=3")
     saved = weights(out)  # the checkpoint as from_pretrained reads it back (fused experts, as the server holds them)
     for index, url in enumerate(urls):
         assert _bits_equal(_served(url, tmp_path / f"served{index}.safetensors"), saved)
     history = [entry for entry in _history(out, 3) if "loss" in entry]
     assert "sync/full_bytes" in history[0] and all("sync/sparse_bytes" in entry for entry in history[1:]), history
+    assert [entry.get("async/staleness") for entry in history] == [None, 1.0, 1.0]
     sparse, full = history[1]["sync/sparse_bytes"], history[0]["sync/full_bytes"]
     assert 0 < sparse < 2 * full  # SGD moves nearly every element here: sparse is honest about it (indices cost 4 bytes each)
 

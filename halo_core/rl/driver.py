@@ -88,17 +88,17 @@ class RolloutDriver:
     def rollout(self, prompt_ids: list[list[int]], params: SamplingParams):
         first, self.first_turn = self.first_turn, False
         self.turn = 0 if first else self.turn + 1
-        rollout = None
-        if first and self.pending is not None:
-            rollout = self._take(prompt_ids)
+        # Whether a prefetched rollout is usable is each rank's own finding: every rank still runs the same collectives
+        # (sync, the first turn's seeds, the failure flag) in the same order.
+        taken = self._take(prompt_ids) if first and self.pending is not None else None
         self.sync()
-        if rollout is None:
-            seeds = self.seeds(len(prompt_ids) * params.num_generations, self.generations - (0 if first else 1), self.turn)
-            # A later turn's calls are as many as this rank's own conversations need: no collective there.
-            rollout = self._guard(lambda: self._generate(prompt_ids, params, seeds)) if first else self._generate(prompt_ids, params, seeds)
+        seeds = self.seeds(len(prompt_ids) * params.num_generations, self.generations - (0 if first else 1), self.turn)
         if first:
+            rollout = self._guard(lambda: taken if taken is not None else self._generate(prompt_ids, params, seeds))
             self.generations += 1
             self._prefetch(params)
+        else:  # a later turn's calls are as many as this rank's own conversations need: no collective there
+            rollout = self._generate(prompt_ids, params, seeds)
         reshard_all(self.trainer.model)  # forwards without a backward leave FSDP2's root unit gathered
         return rollout
 
