@@ -188,20 +188,9 @@ class Receiver:
 
     def beside(self, kind: str, body: dict, work) -> None:
         """``request`` on a thread while ``work`` runs here (the receiver answers after the collectives)."""
-        failure = []
+        from halo_core.rl import weight_sync
 
-        def post():
-            try:
-                self.request(kind, body)
-            except BaseException as exc:
-                failure.append(exc)
-
-        thread = threading.Thread(target=post, daemon=True)
-        thread.start()
-        work()
-        thread.join()
-        if failure:
-            raise failure[0]
+        weight_sync.beside(lambda: self.request(kind, body), work)
 
     def join(self, port: int) -> None:
         from halo_core.rl import weight_sync

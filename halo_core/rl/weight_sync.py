@@ -69,6 +69,25 @@ def chunks(named: Iterable[tuple[str, torch.Tensor]], limit: int = CHUNK_BYTES) 
         yield chunk
 
 
+def beside(post: Callable[[], None], work: Callable[[], None]) -> None:
+    """``post()`` on a thread while ``work()`` (the broadcasts) runs here: a server answers a chunk's request only after
+    it has received the chunk; the request's failure is raised here."""
+    failure: list[BaseException] = []
+
+    def run():
+        try:
+            post()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    work()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
 class WeightSender:
     """Rank 0's end: ``sync`` sends one version of the weights (full, or sparse against the last one sent).
 
@@ -90,20 +109,7 @@ class WeightSender:
         self.group.broadcast(tensor, 0).wait()
 
     def _post_while(self, kind: str, body: dict, send: Callable[[], None]) -> None:
-        failure: list[BaseException] = []
-
-        def post():
-            try:
-                self.request(kind, body)
-            except BaseException as exc:  # reported on the sending thread below
-                failure.append(exc)
-
-        thread = threading.Thread(target=post, daemon=True)
-        thread.start()
-        send()
-        thread.join()
-        if failure:
-            raise failure[0]
+        beside(lambda: self.request(kind, body), send)
 
     def sync(self, named: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int = CHUNK_BYTES) -> SyncReport:
         full = not self.sparse or self.syncs % self.anchor_every == 0 or not self.last
