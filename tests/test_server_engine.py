@@ -252,7 +252,7 @@ def _check(tmp_path, *overrides, extra=""):
     (["--max_staleness=1"], "", "max_staleness: 1 needs a server engine"),
     (["--rollout_engine=vllm", "--weight_sync_dtype=int8"], "engine_urls: [http://h:1]\n", "weight_sync_dtype: 'int8' is not one of auto"),
     (["--rollout_engine=vllm", "--weight_sync_anchor_every=0"], "engine_urls: [http://h:1]\n", "weight_sync_anchor_every: 0 must be at least 1"),
-    (["--rollout_engine=vllm", "--engine_timeout_s=0"], "engine_urls: [http://h:1]\n", "engine_timeout_s: 0.0 must be positive"),
+    (["--rollout_engine=vllm", "--engine_timeout_s=0"], "engine_urls: [http://h:1]\n", "engine_timeout_s: 0 must be positive"),
     (["--use_vllm=true"], "", "vllm_mode: colocate is not supported"),
     (["--rollout_engine=vllm", "--use_peft=true"], "engine_urls: [http://h:1]\n", "use_peft: true with rollout_engine: vllm is not supported"),
 ])
