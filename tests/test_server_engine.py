@@ -10,7 +10,9 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -146,6 +148,29 @@ def test_malformed_reply_is_named_after_bounded_retries(servers):
             engine.generate([[1, 2]], SamplingParams(1, 4))
     finally:
         engine.close()
+
+
+def test_a_reply_cut_off_midway_is_an_engine_error():
+    """A server that dies while writing a reply leaves the client an ``IncompleteRead``, not a connection error; it is
+    an ``EngineError`` all the same, so the run retries, then stops with its checkpoint."""
+    class CutOff(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"choices": ')
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(EngineError, match=r"/v1/completions failed: IncompleteRead"):
+            post(f"http://127.0.0.1:{server.server_address[1]}", "/v1/completions", {}, timeout=5.0)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_sglang_refuses_sparse_sync():

@@ -13,6 +13,7 @@ trainer needs is an ``EngineError`` naming the server and the field.
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import json
 import socket
 import time
@@ -136,7 +137,7 @@ def _send(url: str, path: str, request, timeout: float):
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:300]
         raise EngineError(f"engine server {url}: {path} answered HTTP {exc.code}: {detail}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError, socket.timeout) as exc:
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, or cut off mid-reply (IncompleteRead)
         raise EngineError(f"engine server {url}: {path} failed: {getattr(exc, 'reason', exc)}") from None
     except json.JSONDecodeError as exc:
         raise EngineError(f"engine server {url}: {path} answered something that is not JSON ({exc})") from None
