@@ -27,6 +27,8 @@ from halo_core.trainers.typecheck import coerce, describe, matches
 
 #: Fields resolved against the YAML file's folder when that path exists there.
 _PATH_FIELDS = ("model_name_or_path",)
+#: Method-config fields that name a model folder, read relative to the YAML file as model_name_or_path is.
+_TRAINER_PATH_FIELDS = ("teacher_model_name_or_path",)
 #: Fields that take more than their dataclass annotation says, as ``Trainer.train`` does (``true``: the latest checkpoint).
 _WIDER_TYPES = {"resume_from_checkpoint": str | bool | None}
 
@@ -152,6 +154,9 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     trainer = {k: v for k, v in merged.items() if k in trainer_hints and k not in halo_hints}
     for key, value in trainer.items():
         trainer[key] = _check_value(key, value, trainer_hints[key], where)
+    for key in _TRAINER_PATH_FIELDS:
+        if trainer.get(key) and (path.parent / trainer[key]).exists():
+            trainer[key] = str((path.parent / trainer[key]).resolve())
     peft = {k: _check_value(k, v, peft_hints[k], where) for k, v in merged.items() if k in peft_hints}
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where, peft)
 

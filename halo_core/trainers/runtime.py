@@ -73,12 +73,14 @@ def build_reference(halo: HaloArguments, args, parallel: ParallelConfig):
     return reference.eval()
 
 
-def train(run, trainer_class, config_class, *, reference=None, num_labels=None, **trainer_kwargs):
+def train(run, trainer_class, config_class, *, reference=None, num_labels=None, frozen=None, **trainer_kwargs):
     """The road every method's worker takes: the method's config, the model (and a reference policy
     where the method keeps one), the trainer over the run's data, ``train`` (resuming where asked), the result.
 
     ``reference(args)``: whether the method keeps a frozen reference policy under these arguments.
     ``num_labels(args)``: a sequence-classification model with that many outputs (reward, classify).
+    ``frozen(args, parallel)``: more frozen models the trainer takes, ``{keyword: (model, its ParallelConfig)}``
+    (distill's teacher, laid out by its own degrees).
     Returns the trainer (its model is the trained, laid-out one).
     """
     from halo_core.trainers.parts.data import load_sources
@@ -92,12 +94,9 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     model = build_model(run.halo, args, parallel, labels, tokenizer.pad_token_id if labels is not None else None)
     model = with_adapters(model, run, args, parallel, tokenizer)
     if reference is not None and reference(args):
-        from halo_core.parallel.fsdp import reshard_all
-
-        ref_model = lay_out(build_reference(run.halo, args, parallel), parallel)
-        # No backward ever reshards it: without this the root unit (norm, head) stays gathered between steps.
-        ref_model.register_forward_hook(lambda module, args, output: reshard_all(module))
-        trainer_kwargs["ref_model"] = ref_model
+        trainer_kwargs["ref_model"] = lay_out_frozen(build_reference(run.halo, args, parallel), parallel)
+    for keyword, (model_of_keyword, its_parallel) in (frozen(args, parallel) if frozen else {}).items():
+        trainer_kwargs[keyword] = lay_out_frozen(model_of_keyword, its_parallel)
     trainer = trainer_class(
         model=model,
         args=args,
@@ -119,6 +118,17 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
             merge(args.output_dir, os.path.join(args.output_dir, "merged"))
         checkpoint.barrier()
     return trainer
+
+
+def lay_out_frozen(model, parallel: ParallelConfig):
+    """A frozen model (reference, teacher) laid out, resharded after each forward: no backward ever reshards it, and
+    without this its root unit (norm, head) would stay gathered between steps."""
+    from halo_core.parallel.fsdp import reshard_all
+    from halo_core.trainers.parts.layout import lay_out
+
+    model = lay_out(model, parallel)
+    model.register_forward_hook(lambda module, args, output: reshard_all(module))
+    return model
 
 
 def base_model_path(run, args) -> str:
