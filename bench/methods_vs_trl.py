@@ -12,6 +12,9 @@ the whole list once per ``--repeats``. Stock rows, one per method:
   reward    ``trl.RewardTrainer`` on ``AutoModelForSequenceClassification`` (``num_labels`` 1)
   classify  ``transformers.Trainer`` on ``AutoModelForSequenceClassification`` (``num_labels`` 2), texts tokenised
             with truncation at ``--seq`` and padded by ``DataCollatorWithPadding``, as ``halo launch classify`` does
+  distill   ``trl.experimental.gkd.GKDTrainer`` at ``lmbda`` 0 (the fixed rows only, no generation) and ``beta`` 0.5; the
+            student the config at seed 0 (as reward's), the teacher the same config at seed 1, saved once and loaded
+            with ``from_pretrained`` in bf16 (the Halo row's ``teacher_model_name_or_path``)
   smpo      none: Halo's own loss. Its Halo row is set beside stock DPO's (the nearest stock method: the same
             pairs and DPOTrainer's data path, but no reference)
 
@@ -30,9 +33,12 @@ the trained sequences, so the methods' figures compare):
               forward; those 2 x seq tokens are not counted
   reward      one pair (batch 1) of texts of exactly seq - 1 tokens, TRL appending EOS: 2 x seq tokens
   classify    two texts (batch 2), cut at ``max_length``: 2 x seq tokens
+  distill     one row (batch 1) in GKD's ``messages`` format, a user prompt of about ``--prompt`` tokens and the
+              assistant's completion, the chat-templated whole exactly seq tokens (so GKD's collator cuts nothing):
+              seq tokens. The loss covers the completion's tokens; the student and the teacher run all seq of them
 
 MFU counts the policy's forward and backward, plus the forwards a step runs without gradients (the reference's;
-KTO's KL twins), over the bf16 matmul rate measured at the start; reward and classify have no LM head.
+KTO's KL twins; distill's teacher), over the bf16 matmul rate measured at the start; reward and classify have no LM head.
 """
 
 from __future__ import annotations
@@ -66,9 +72,13 @@ METHODS = {
     "kto": {"batch": 2, "sequences": 1, "fields": {}},
     "reward": {"batch": 1, "sequences": 2, "fields": {"router_aux_loss_coef": None}},
     "classify": {"batch": 2, "sequences": 1, "fields": {"router_aux_loss_coef": None, "num_labels": 2}},
+    "distill": {"batch": 1, "sequences": 1, "fields": {"lmbda": 0.0, "beta": 0.5}},
 }
 STOCK_PEER = {"smpo": "dpo"}
-DEFAULT_ROWS = [f"{m}:{v}" for m in ("dpo", "kto", "reward", "classify") for v in ("trl-bf16+nockpt", "halo-ep1+compile+nockpt")]
+#: distill's teacher: the student's config at this seed (the student's is 0), in bf16, in the method's folder.
+TEACHER_SEED = 1
+TEACHER = "teacher-bfloat16"
+DEFAULT_ROWS = [f"{m}:{v}" for m in ("dpo", "kto", "reward", "classify", "distill") for v in ("trl-bf16+nockpt", "halo-ep1+compile+nockpt")]
 DEFAULT_ROWS.append("smpo:halo-ep1+compile+nockpt")
 
 
@@ -128,6 +138,14 @@ def tokens_per_step(method: str, args) -> int:
     return METHODS[method]["sequences"] * args.seq * args.batch
 
 
+def halo_fields(method: str, workdir: Path) -> dict:
+    """A Halo row's own keys in its YAML (``METHODS``' and, for distill, the teacher's folder in ``workdir``)."""
+    fields = dict(METHODS[method]["fields"])
+    if method == "distill":
+        fields["teacher_model_name_or_path"] = str((workdir / TEACHER).resolve())
+    return fields
+
+
 # -- the data ------------------------------------------------------------------------------------
 
 
@@ -146,6 +164,27 @@ def exact_text(tokenizer, draw: random.Random, n: int) -> str:
     raise SystemExit(f"no random text of exactly {n} tokens found")
 
 
+def chat_tokens(tokenizer, messages: list[dict]) -> int:
+    """A conversation's tokens as GKD's collator counts them (the chat template, then no special tokens added)."""
+    return len(tokenizer(tokenizer.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"])
+
+
+def exact_chat(tokenizer, draw: random.Random, prompt: int, n: int) -> list[dict]:
+    """A user prompt of ``prompt`` random characters and an assistant completion, the templated whole exactly ``n`` tokens."""
+    user = {"role": "user", "content": random_text(draw, prompt)}
+    chat = lambda text: [user, {"role": "assistant", "content": text}]  # noqa: E731
+    overhead = chat_tokens(tokenizer, chat(""))
+    if overhead >= n:
+        raise SystemExit(f"a prompt of {prompt} characters is {overhead} tokens in the chat template: no room for a completion in {n}")
+    text = exact_text(tokenizer, draw, n - overhead)
+    for _ in range(200):
+        count = chat_tokens(tokenizer, chat(text))
+        if count == n:
+            return chat(text)
+        text = text[:-1] if count > n else text + draw.choice(string.ascii_lowercase)
+    raise SystemExit(f"no conversation of exactly {n} tokens found")
+
+
 def write_data(method: str, path: Path, rows: int, args, tokenizer) -> None:
     """The rows a method trains on (module docstring): long enough to be cut at exactly ``seq`` tokens, or exact."""
     if method in ("dpo", "smpo"):
@@ -157,6 +196,8 @@ def write_data(method: str, path: Path, rows: int, args, tokenizer) -> None:
                 row = {"prompt": random_text(draw, args.prompt), "completion": random_text(draw, args.seq), "label": i % 2 == 0}
             elif method == "reward":  # TRL drops longer pairs rather than cutting them: exact, EOS included
                 row = {"chosen": exact_text(tokenizer, draw, args.seq - 1), "rejected": exact_text(tokenizer, draw, args.seq - 1)}
+            elif method == "distill":  # GKD's collator keeps a longer row's last max_length tokens (the prompt cut first): exact
+                row = {"messages": exact_chat(tokenizer, draw, args.prompt, args.seq)}
             else:
                 row = {"text": random_text(draw, 2 * args.seq), "label": i % 2}
             f.write(json.dumps(row) + "\n")
@@ -181,6 +222,20 @@ def check_data(method: str, data: Path, tokenizer, seq: int, batch: int) -> dict
         if lengths != {seq}:
             raise SystemExit(f"reward pairs tokenize to {sorted(lengths)} tokens with EOS, not {seq}")
         return {"sequence_tokens": seq, "eos_included": True}
+    if method == "distill":  # GKD's own collator (Halo's RightPadded wraps the same one): one row, as a step of batch 1 sees it
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        from trl.experimental.utils import DataCollatorForChatML
+
+        collator = DataCollatorForChatML(tokenizer=tokenizer, max_length=seq)
+        prompts = []
+        for r in rows:
+            batch = collator([r])
+            completion = int((batch["labels"] != -100).sum())
+            if chat_tokens(tokenizer, r["messages"]) != seq or batch["input_ids"].shape[1] != seq or not batch["attention_mask"].all() or not completion:
+                raise SystemExit(f"a distill row is {chat_tokens(tokenizer, r['messages'])} tokens in the chat template "
+                                 f"({completion} of them completion): not exactly {seq}")
+            prompts.append(seq - completion)
+        return {"prompt_tokens_min": min(prompts), "prompt_tokens_max": max(prompts), "sequence_tokens": seq, "format": "messages"}
     shortest = min(length(r["text"]) for r in rows)
     if shortest < seq:
         raise SystemExit(f"a classify text is {shortest} tokens, under {seq}: it would not be cut at {seq}")
@@ -209,7 +264,25 @@ def prepare_methods(args) -> dict:
                 link = args.workdir / method / shared.name
                 if not link.exists():
                     link.symlink_to(shared.resolve())
+    if "distill" in shapes:  # both distill rows read the teacher from disk
+        saved_teacher(args.workdir / "distill", AutoConfig.from_pretrained(args.workdir / "distill" / "model"))
     return shapes
+
+
+def saved_teacher(workdir: Path, config) -> Path:
+    """distill's teacher: ``config`` at ``TEACHER_SEED``, bf16, saved once to ``workdir / TEACHER`` (as ``saved_model`` saves the student's)."""
+    folder = workdir / TEACHER
+    if not (folder / "config.json").exists():
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(TEACHER_SEED)
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model.save_pretrained(folder)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return folder
 
 
 # -- the stock rows ------------------------------------------------------------------------------
@@ -248,6 +321,16 @@ def stock_worker(variant: str, args, workdir: Path) -> None:
 
         model = AutoModelForCausalLM.from_pretrained(saved_model(workdir, config, dtype), dtype=dtype, attn_implementation="sdpa", device_map=device)
         trainer = KTOTrainer(model=model, args=KTOConfig(**fields), train_dataset=data, processing_class=tokenizer, callbacks=[timer])
+    elif method == "distill":  # the student from the config at seed 0 (as reward's); the teacher from its folder, bf16
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        teacher = AutoModelForCausalLM.from_pretrained(workdir / TEACHER, dtype=torch.bfloat16, attn_implementation="sdpa", device_map=device)
+        trainer = GKDTrainer(model=model, teacher_model=teacher, args=GKDConfig(**fields), train_dataset=data, processing_class=tokenizer,
+                             callbacks=[timer])
     else:  # reward, classify: the whole model from the config at seed 0, as Halo's random_init draws it
         config.num_labels = fields.pop("num_labels", 1)
         if tokenizer.pad_token is None:
@@ -284,12 +367,16 @@ def flops_per_trained_token(method: str, spec: dict, config: dict, seq: int) -> 
         return train + (0 if spec["precompute"] else forward)  # the reference on the pair
     if method == "kto":  # the policy on the KL twins (no gradient), the reference on the rows and the twins
         return train + forward + (0 if spec["precompute"] else 2 * forward)
+    if method == "distill":  # the teacher (the student's config) on the row
+        return train + forward
     return train
 
 
 def with_method_mfu(row: dict, config: dict, rate: float) -> dict:
     spec = parse(row["variant"], row["method"])
     row["reference_in_step"] = row["method"] in ("dpo", "kto") and not spec["precompute"]
+    if row["method"] == "distill":
+        row["teacher_in_step"] = True
     if "tokens_per_s" in row:
         row["mfu"] = round(flops_per_trained_token(row["method"], spec, config, row["seq"]) * row["tokens_per_s"] / rate, 4)
     return row
@@ -339,7 +426,7 @@ def main() -> None:
         for method, variant in args.plan:
             margs = method_args(args, method)
             row = run_variant(variant, margs, args.workdir / method, entry=ENTRY, method=method, sequences=METHODS[method]["sequences"],
-                              fields=METHODS[method]["fields"], worker_args=("--method", method))
+                              fields=halo_fields(method, args.workdir / method), worker_args=("--method", method))
             row = with_method_mfu({"repeat": repeat, "method": method, "nproc": args.nproc, "seq": args.seq, "batch": margs.batch,
                                    "tokens_per_step": tokens_per_step(method, margs), **row}, config, rate)
             print(json.dumps(row), flush=True)
