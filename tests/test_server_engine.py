@@ -68,9 +68,32 @@ class Servers:
             proc.wait()
 
 
+class Shared(Servers):
+    """Plain test servers the module's tests share by name, each started on first use (a start costs seconds of the
+    suite). A test that syncs weights into one begins with a full sync, as every run does at start-up; ``pristine``
+    is never synced into, so it serves ``model_dir``'s weights."""
+
+    def __init__(self, model_dir):
+        super().__init__(model_dir)
+        self.urls = {}
+
+    def plain(self, name: str) -> str:
+        if name not in self.urls:
+            self.urls[name] = self.start()
+        return self.urls[name]
+
+
 @pytest.fixture
 def servers(model_dir):
+    """Servers with fault flags, for one test."""
     started = Servers(model_dir)
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def shared(model_dir):
+    started = Shared(model_dir)
     yield started
     started.stop()
 
@@ -90,8 +113,8 @@ def _changed(before: dict, after: dict, dtype) -> int:
 
 
 @pytest.mark.parametrize("wire", [torch.float32, torch.bfloat16])
-def test_full_then_sparse_sync_is_bit_identical_and_sends_only_changes(servers, tmp_path, wire):
-    url = servers.start()
+def test_full_then_sparse_sync_is_bit_identical_and_sends_only_changes(shared, tmp_path, wire):
+    url = shared.plain("sync")
     torch.manual_seed(1)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY))
     engine = ServerEngine([url], "vllm", sync_dtype=wire, sparse=True, anchor_every=3, backend="gloo")
@@ -118,10 +141,10 @@ def test_full_then_sparse_sync_is_bit_identical_and_sends_only_changes(servers, 
 
 
 @pytest.mark.parametrize("dialect", ["vllm", "sglang"])
-def test_completions_are_the_servers_seeded_samples(servers, model_dir, dialect):
+def test_completions_are_the_servers_seeded_samples(shared, model_dir, dialect):
     """Each completion is the server's own seeded draw (one request per completion: equal prompts differ by seed),
     with the temperature-processed log-prob of every token, as the trainer would compute it."""
-    url = servers.start()
+    url = shared.plain("pristine")
     engine = ServerEngine([url], dialect, backend="gloo")
     params = SamplingParams(num_generations=2, max_completion_length=6, temperature=0.7)
     try:
@@ -201,11 +224,11 @@ def _history(out: Path, step: int) -> list[dict]:
     return json.loads((out / f"checkpoint-{step}" / "trainer_state.json").read_text())["log_history"]
 
 
-def test_expert_parallel_training_leaves_the_servers_on_the_trained_weights(servers, tmp_path):
+def test_expert_parallel_training_leaves_the_servers_on_the_trained_weights(shared, tmp_path):
     """Two EP ranks, two servers, sparse syncs, the next batch generated ahead: after the run every server holds the
     saved checkpoint's weights, bit for bit (the experts gathered from both ranks' shards); the start-up sync was
     full, later ones sparse; the ranks used their prefetched rollouts together."""
-    urls = [servers.start(), servers.start()]
+    urls = [shared.plain("a"), shared.plain("b")]
     out = tmp_path / "out"
     _launch(_run(tmp_path, urls, "weight_sync: sparse", "weight_sync_anchor_every: 100", "max_staleness: 1"), out, 2, "--expert_parallel_size=2",
             "--max_steps=3", "--save_steps=3")
@@ -227,7 +250,7 @@ def test_raw_logprobs_at_temperature_are_refused_at_start(servers, tmp_path):
     assert "--logprobs-mode processed_logprobs" in result.stdout + result.stderr
 
 
-def test_a_server_that_dies_stops_the_run_with_a_checkpoint_that_resumes(servers, tmp_path):
+def test_a_server_that_dies_stops_the_run_with_a_checkpoint_that_resumes(servers, shared, tmp_path):
     """The server dies after a few requests; the run stops, saying so, with its last completed step saved; with a
     server back it resumes from there and finishes."""
     dying = servers.start("--die-after", "12")  # the probe, then a step's 8 rows: dies during the second step
@@ -240,15 +263,15 @@ def test_a_server_that_dies_stops_the_run_with_a_checkpoint_that_resumes(servers
     assert saved, text[-2000:]
     step = int(saved[-1].name.split("-")[1])
     assert 1 <= step < 4
-    config = _run(tmp_path, [servers.start()], "engine_retries: 1")
+    config = _run(tmp_path, [shared.plain("a")], "engine_retries: 1")
     _launch(config, out, 1, "--max_steps=4", "--save_steps=4", "--resume_from_checkpoint=true")
     assert [entry["step"] for entry in _history(out, 4) if "loss" in entry] == [1, 2, 3, 4]  # the first run's steps, then the rest
 
 
-def test_the_asynchronous_loop_with_two_servers_raises_the_reward(servers, tmp_path):
+def test_the_asynchronous_loop_with_two_servers_raises_the_reward(shared, tmp_path):
     """max_staleness: 1 over two servers: every batch after the first was generated while the one before it trained
     (one optimizer step old), and a learnable reward (the share of even token ids) still rises."""
-    urls = [servers.start(), servers.start()]
+    urls = [shared.plain("a"), shared.plain("b")]
     out = tmp_path / "out"
     _launch(_run(tmp_path, urls, "max_staleness: 1"), out, 1, "--max_steps=20", "--save_steps=20", "--logging_steps=5",
             "--per_device_train_batch_size=16", "--num_generations=8", "--optim=adamw_torch", "--learning_rate=1e-2")

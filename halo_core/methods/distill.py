@@ -122,7 +122,8 @@ class HaloDistillTrainer(DistributedTrainerMixin, _LayoutGKD):
 
     def __init__(self, *args, teacher_model=None, **kwargs):
         config = kwargs["args"]
-        kwargs.setdefault("data_collator", RightPadded(DataCollatorForChatML(tokenizer=kwargs["processing_class"], max_length=config.max_length)))
+        if kwargs.get("data_collator") is None and kwargs.get("processing_class") is not None:
+            kwargs["data_collator"] = RightPadded(DataCollatorForChatML(tokenizer=kwargs["processing_class"], max_length=config.max_length))
         super().__init__(*args, teacher_model=teacher_model, **kwargs)
         group = layout_of(self.model).group("dp") if dist.is_initialized() else None
         self._halo_student_engine = HFEngine(self.model, self.processing_class, self.generation_config, group)
