@@ -142,10 +142,12 @@ def test_split_logs_the_single_process_losses_and_ends_on_its_weights(single, ru
 
 def test_on_policy_rows_with_a_dense_teacher_beside_an_ep_student(teachers, tmp_path):
     """lmbda 1: every step trains on the student's own completions (the hf engine), scored by a dense teacher under
-    FSDP2 while the student's experts are split over the two ranks; two ranks equal one process."""
+    FSDP2 while the student's experts are split over the two ranks; two ranks equal one process. With an MoE aux-loss
+    coefficient, as the embedded default has, so generation runs with the router logits the trainer turned on."""
     config = write_run(tmp_path, "completion", f"teacher_model_name_or_path: {teachers['dense']}\nlmbda: 1.0\nmax_new_tokens: 6\n")
-    one = launch("distill", config, tmp_path / "one", 1, *OPTIMIZERS["sgd"])
-    two = launch("distill", config, tmp_path / "two", 2, *OPTIMIZERS["sgd"], "--expert_parallel_size=2")
+    aux = "--router_aux_loss_coef=0.01"  # the trainer then asks the model for router logits, which generation must not
+    one = launch("distill", config, tmp_path / "one", 1, *OPTIMIZERS["sgd"], aux)
+    two = launch("distill", config, tmp_path / "two", 2, *OPTIMIZERS["sgd"], aux, "--expert_parallel_size=2")
     assert logged(two, "loss") == pytest.approx(logged(one, "loss"), abs=1e-5, rel=0)
     assert min(logged(one, "loss")) > 0
     expected = weights(one)

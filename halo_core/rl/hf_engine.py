@@ -143,8 +143,11 @@ class HFEngine:
             # Eager: decode steps through compiled layers (compile_layers) would fill their compile cache with a graph per
             # cache state and shape, leaving the training passes eager.
             with torch.compiler.set_stance("force_eager"):
+                # No router logits: a trainer that adds the MoE aux loss turns them on in the config, and the aux loss of a
+                # cached decoding step (one token against the whole attention mask) does not line up.
+                extra = {"output_router_logits": False} if hasattr(self.model.config.get_text_config(), "output_router_logits") else {}
                 out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=config, logits_processor=[draw],
-                                          stopping_criteria=[_BatchDone(eos, self.group, multi)], synced_gpus=False)
+                                          stopping_criteria=[_BatchDone(eos, self.group, multi)], synced_gpus=False, **extra)
         finally:
             self.model.train(was_training)
         new = out[:, width:].tolist()
