@@ -8,8 +8,6 @@ losses within 1e-5, weights within 1e-4 relative.
 
 from __future__ import annotations
 
-import json
-import math
 import re
 import shutil
 from pathlib import Path

@@ -84,7 +84,6 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     Returns the trainer (its model is the trained, laid-out one).
     """
     from halo_core.trainers.parts.data import load_sources
-    from halo_core.trainers.parts.layout import lay_out
 
     init_distributed()
     args = method_args(config_class, run.trainer)
