@@ -93,6 +93,34 @@ def test_forward_and_reverse_kl_are_not_symmetric():
     assert torch.all(generalized_jsd(student, student, 0.5) < 1e-6)
 
 
+def test_rows_are_right_padded_and_labelled_on_their_completions_only():
+    """Conversational and plain-text rows through distill's collator: real tokens first (right padding), labels on the
+    completion tokens alone, the prompts left-padded for generation."""
+    from transformers import AutoTokenizer
+    from trl.experimental.utils import DataCollatorForChatML
+
+    from halo_core.methods.distill import RightPadded
+
+    tokenizer = AutoTokenizer.from_pretrained(TINY)
+    rows = [{"prompt": [{"role": "user", "content": "1 2 3 4 5 6 7"}], "completion": [{"role": "assistant", "content": "8"}]},
+            {"prompt": "9 +", "completion": " 10 11"}]
+    batch = RightPadded(DataCollatorForChatML(tokenizer=tokenizer, max_length=128))(rows)
+    mask, ids, labels = batch["attention_mask"], batch["input_ids"], batch["labels"]
+    lengths = mask.sum(1)
+    assert lengths[0] != lengths[1]
+    for row, n in enumerate(lengths.tolist()):
+        assert mask[row, :n].all() and not mask[row, n:].any()  # right-padded
+        assert (ids[row, n:] == tokenizer.pad_token_id).all() and (labels[row, n:] == -100).all()
+    assert 0 < int((labels[0] != -100).sum()) < int(lengths[0]) - len(tokenizer("1 2 3 4 5 6 7", add_special_tokens=False)["input_ids"])
+    text_ids = tokenizer("9 +", add_special_tokens=False)["input_ids"]
+    completion = tokenizer(" 10 11", add_special_tokens=False)["input_ids"]
+    n = int(lengths[1])
+    assert ids[1, :n].tolist() == text_ids + completion
+    assert labels[1, :n].tolist() == [-100] * len(text_ids) + completion
+    assert (batch["prompt_attention_mask"][:, -1] == 1).all()  # prompts stay left-padded
+    assert batch["prompts"][1][batch["prompt_attention_mask"][1].bool()].tolist() == text_ids
+
+
 # -- one process against stock GKDTrainer --------------------------------------------------------------------------
 
 def _stock(teacher: Path, output_dir: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
