@@ -102,18 +102,10 @@ def render_methods() -> str:
     for name in known_methods():
         method = get_method(name)
         trainer = method.trainer
-        bases = ", ".join(_stock_name(b) for b in trainer.__bases__) if trainer else ""
+        bases = ", ".join(b.__name__ for b in trainer.__bases__) if trainer else ""
         built = f"`{trainer.__name__}({bases})`" if trainer else "-"
         columns = ", ".join(f"`{c.replace('|', ' | ')}`" for c in method.columns) or "TRL's formats"
         marks = " | ".join("yes" if split in method.splits else "-" for split in SPLIT_ORDER)
         lora = ", ".join(s.upper() for s in SPLIT_ORDER if s in method.splits and s in LORA_SPLITS)
         rows.append(f"| `{name}` | {built} | `{method.config_class.__name__}` | {columns} | {marks} | DP, {lora} | [{name}.md]({name}.md) |")
     return METHODS_HEADER + "\n".join(rows) + "\n"
-
-
-def _stock_name(base: type) -> str:
-    """A base's name, or for Halo's own layer over a stock trainer (distill's), that layer over the stock class it extends."""
-    if base.__module__.startswith("halo_core") and base.__name__.startswith("_"):
-        stock = next((b for b in base.__mro__[1:] if not b.__module__.startswith("halo_core")), None)
-        return f"{stock.__name__} (with {base.__name__})" if stock else base.__name__
-    return base.__name__

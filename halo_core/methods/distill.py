@@ -58,8 +58,9 @@ class HaloDistillConfig(GKDConfig):
     teacher_tensor_parallel_size: int | None = field(default=None, metadata={"help": "The teacher's TP degree; empty: the student's."})
 
 
-class _LayoutGKD(GKDTrainer):
-    """GKD's on-policy step and loss, in the form a Halo layout feeds (below the mixin, which splits for CP/TP)."""
+class LayoutGKDTrainer(GKDTrainer):
+    """``GKDTrainer`` with its on-policy step and loss in the form a Halo layout feeds: it sits below the mixin in the
+    MRO, so the mixin's CP/TP split reaches this loss, where GKD's own would read left-padded, unsplit rows."""
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         coin = random.Random(f"{self.args.seed}:{self.state.global_step}:{self._halo_micro()}").random()
@@ -117,7 +118,7 @@ class _LayoutGKD(GKDTrainer):
         return (loss, {"logits": student}) if return_outputs else loss
 
 
-class HaloDistillTrainer(DistributedTrainerMixin, _LayoutGKD):
+class HaloDistillTrainer(DistributedTrainerMixin, LayoutGKDTrainer):
     """TRL's GKDTrainer on a Halo layout, with a laid-out frozen teacher."""
 
     def __init__(self, *args, teacher_model=None, **kwargs):
@@ -201,9 +202,8 @@ def run(run: RunConfig) -> None:
 def check(run: RunConfig, args, world: int = 1) -> None:
     """The teacher (readable, same vocabulary, a layout that fits) and the keys GKD's own check leaves to the first step."""
     where = run.source
-    for key in ("loss_temperature",):
-        if getattr(args, key) <= 0:
-            raise ConfigError(f"{where}: {key}: {getattr(args, key)} must be above 0")
+    if args.loss_temperature <= 0:
+        raise ConfigError(f"{where}: loss_temperature: {args.loss_temperature} must be above 0")
     if args.temperature <= 0 and (args.lmbda > 0 or args.seq_kd):
         raise ConfigError(f"{where}: temperature: {args.temperature} must be above 0 to sample on-policy rows (lmbda: {args.lmbda}); "
                           f"set it, or lmbda: 0 and seq_kd: false")
@@ -223,6 +223,7 @@ def _check_teacher(run: RunConfig, args, world: int) -> None:
     from halo_core.errors import HaloError
     from halo_core.parallel.plan import plan_layout
     from halo_core.registry import discover
+    from halo_core.trainers.run_config import _model_config
 
     where, path = run.source, args.teacher_model_name_or_path
     if not Path(path).exists():
@@ -231,12 +232,13 @@ def _check_teacher(run: RunConfig, args, world: int) -> None:
         teacher = AutoConfig.from_pretrained(path)
     except Exception as exc:
         raise ConfigError(f"{where}: teacher_model_name_or_path {path} has no readable config.json ({exc})") from None
-    student = AutoConfig.from_pretrained(run.halo.model_name_or_path)
-    sizes = (student.get_text_config().vocab_size, teacher.get_text_config().vocab_size)
-    if sizes[0] != sizes[1]:
+    student = _model_config(run)  # None for a hub id: its vocabulary is compared when the worker loads both
+    sizes = (student.get_text_config().vocab_size if student else None, teacher.get_text_config().vocab_size)
+    if student and sizes[0] != sizes[1]:
         raise ConfigError(f"{where}: teacher_model_name_or_path {path} has vocab_size {sizes[1]} but the student has {sizes[0]}; "
                           f"distillation compares whole next-token distributions, so the teacher needs the student's tokenizer")
-    _check_same_tokenizer(where, run.halo.model_name_or_path, path)
+    if student:
+        _check_same_tokenizer(where, run.halo.model_name_or_path, path)
     try:
         plan_layout(teacher_parallel(run, args, teacher), teacher, discover(), world)
     except HaloError as exc:
