@@ -240,6 +240,7 @@ def test_a_teacher_with_another_tokenizer_is_refused(tmp_path, teachers):
 @pytest.mark.parametrize("overrides, says", [
     (["--lmbda=0.5", "--tensor_parallel_size=2"], "generates on-policy rows"),
     (["--loss_temperature=0"], "loss_temperature: 0 must be above 0"),
+    (["--lmbda=0.5", "--temperature=0"], "temperature: 0 must be above 0 to sample on-policy rows"),
     (["--lmbda=0", "--teacher_expert_parallel_size=2"], "the teacher"),
 ])
 def test_bad_keys_are_refused_before_start(tmp_path, teachers, overrides, says):
