@@ -217,8 +217,12 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         dist.all_gather_object(pieces, rows, group=layout_of(self.model).group("tp"))
         return [row for piece in pieces for row in piece], tp
 
+    def _halo_logps(self, *args, **kwargs):
+        """The log-prob pass itself, TRL's (fused LM head); a subclass that needs the loss pass's logits swaps it."""
+        return super()._get_per_token_logps_and_entropies(*args, **kwargs)
+
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs):
-        inner = super()._get_per_token_logps_and_entropies
+        inner = self._halo_logps
         replay = self._halo_replay
         if replay is None or (self._halo_scoring and model is not self.model):
             return inner(model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size, **kwargs)
