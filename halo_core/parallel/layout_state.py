@@ -21,6 +21,7 @@ from halo_core.parallel.config import ParallelDims
 
 _SHARDS: dict[int, Any] = {}
 _LAYOUTS: dict[int, "ModelLayout"] = {}
+_WRAPPED: dict[int, nn.Module] = {}
 
 
 def _keep(table: dict[int, Any], module: nn.Module, value: Any) -> None:
@@ -97,8 +98,19 @@ def attach(model: nn.Module, layout: ModelLayout) -> None:
     _keep(_LAYOUTS, model, layout)
 
 
+def wrap(wrapper: nn.Module, model: nn.Module) -> None:
+    """Record that ``wrapper`` (a ``SentenceTransformer``, say) runs the laid-out ``model`` inside it: ``layout_of`` and
+    ``laid_out`` of the wrapper then answer for ``model``, whose parameter names the layout keeps."""
+    _keep(_WRAPPED, wrapper, model)
+
+
+def laid_out(model: nn.Module) -> nn.Module:
+    """The module the layout describes: ``model`` itself, or the laid-out model a wrapper holds (``wrap``)."""
+    return _WRAPPED.get(id(model), model)
+
+
 def layout_of(model: nn.Module) -> ModelLayout:
-    layout = _LAYOUTS.get(id(model))
+    layout = _LAYOUTS.get(id(laid_out(model)))
     if layout is None:
         raise RuntimeError("this model was not laid out by halo_core.parallelize(); call it first on every rank")
     return layout

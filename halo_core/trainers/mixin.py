@@ -16,7 +16,7 @@ from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint
 from halo_core.trainers.parts.compile import compile_decoder_layers
-from halo_core.parallel.layout_state import layout_of
+from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
 from halo_core.trainers.parts.layout import lay_out
 from halo_core.trainers.parts.pool import pool_rows, split_fused_head_over_cp
@@ -56,11 +56,16 @@ class DistributedTrainerMixin:
         self._halo_staging = False
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
-        reshard_all(self.model)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
+        reshard_all(self._halo_laid_out)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
         if self.halo_sequence_loss:
             for model in (self.model, getattr(self, "ref_model", None)):
                 if model is not None and hasattr(model, "get_output_embeddings"):
                     split_fused_head_over_cp(model, self._halo_pad_token_id())
+
+    @property
+    def _halo_laid_out(self):
+        """The laid-out model: ``self.model``, or the Hugging Face model a wrapper trains (``layout_state.wrap``)."""
+        return laid_out(self.model)
 
     def _halo_pad_token_id(self) -> int:
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
@@ -97,7 +102,7 @@ class DistributedTrainerMixin:
         loss = super().training_step(model, inputs, num_items_in_batch)
         if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
             # Where the trainer clips next, the division by dp rides on the clipping's own multiply.
-            self._halo_owed = sync_gradients(self.model, divide=not self.args.max_grad_norm > 0)
+            self._halo_owed = sync_gradients(self._halo_laid_out, divide=not self.args.max_grad_norm > 0)
         # Logged as the mean over ranks. compute_loss divided each rank's loss by cp x tp: for a TP rank the
         # quotient is its share of its pool's loss, as at tp=1; a CP rank holds only its chunk's part, so cp times it.
         # A sequence-level loss is the pool's whole loss on every rank of the pool already.
@@ -131,10 +136,10 @@ class DistributedTrainerMixin:
 
     def _clip_grad_norm(self, model):
         owed, self._halo_owed = self._halo_owed, 1.0
-        return clip_gradients(self.model, self.optimizer, self.args.max_grad_norm, owed)
+        return clip_gradients(self._halo_laid_out, self.optimizer, self.args.max_grad_norm, owed)
 
     def _get_grad_norm(self, model, grad_norm=None):
-        return global_grad_norm(self.model) if grad_norm is None else grad_norm
+        return global_grad_norm(self._halo_laid_out) if grad_norm is None else grad_norm
 
     # -- metrics ---------------------------------------------------------------------------
 
@@ -147,7 +152,7 @@ class DistributedTrainerMixin:
 
     def save_model(self, output_dir=None, _internal_call=False):
         folder = output_dir or self.args.output_dir
-        checkpoint.save_model(self.model, folder, self.processing_class)
+        checkpoint.save_model(self._halo_laid_out, folder, self.processing_class)
         if not _internal_call and checkpoint.rank() == 0:  # the run's result (checkpoints call in as internal): say where
             print(f"saved the model to {os.path.abspath(folder)}", flush=True)
 
@@ -173,14 +178,14 @@ class DistributedTrainerMixin:
         checkpoint.promote_checkpoint(run_dir, name, self.args.save_total_limit, self.state.best_model_checkpoint)
 
     def _save_optimizer_and_scheduler(self, output_dir):
-        checkpoint.save_optimizer(self.model, self.optimizer, output_dir)
+        checkpoint.save_optimizer(self._halo_laid_out, self.optimizer, output_dir)
         if self.args.should_save:
             checkpoint.save_scheduler(self.lr_scheduler, output_dir)
 
     def _load_optimizer_and_scheduler(self, folder):
         if folder is None:
             return
-        groups = checkpoint.load_optimizer(self.model, self.optimizer, folder)
+        groups = checkpoint.load_optimizer(self._halo_laid_out, self.optimizer, folder)
         checkpoint.load_scheduler(self.lr_scheduler, folder, groups)
 
     def _load_rng_state(self, folder):
@@ -192,6 +197,6 @@ class DistributedTrainerMixin:
         if layout_of(self.model).adapters is not None:
             from halo_core.lora.peft_format import load_adapter
 
-            load_adapter(self.model, resume_from_checkpoint)  # the base is rebuilt as the run began; only adapters trained
+            load_adapter(self._halo_laid_out, resume_from_checkpoint)  # the base is rebuilt as the run began; only adapters trained
         else:
-            load_into(self.model, resume_from_checkpoint)
+            load_into(self._halo_laid_out, resume_from_checkpoint)
