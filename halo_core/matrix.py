@@ -104,7 +104,7 @@ def render_methods() -> str:
         trainer = method.trainer
         bases = ", ".join(b.__name__ for b in trainer.__bases__) if trainer else ""
         built = f"`{trainer.__name__}({bases})`" if trainer else "-"
-        columns = ", ".join(f"`{c.replace('|', ' | ')}`" for c in method.columns) or "TRL's formats"
+        columns = ", ".join(f"`{c.replace('|', ' | ')}`" for c in method.columns) or method.formats
         marks = " | ".join("yes" if split in method.splits else "-" for split in SPLIT_ORDER)
         lora = ", ".join(s.upper() for s in SPLIT_ORDER if s in method.splits and s in LORA_SPLITS)
         rows.append(f"| `{name}` | {built} | `{method.config_class.__name__}` | {columns} | {marks} | DP, {lora} | [{name}.md]({name}.md) |")

@@ -21,6 +21,8 @@ class Method:
     splits: frozenset[str] = frozenset({"ep"})
     #: Columns every training row needs (after a source's ``columns`` renames); ``"a|b"`` accepts either.
     columns: tuple[str, ...] = ()
+    #: What the matrix says the rows hold where no fixed ``columns`` apply (they vary with a key, say); default TRL's formats.
+    formats: str = "TRL's formats"
     #: Refusals of the method's own, before any process starts: ``check(run, args, world)`` raises ``ConfigError``
     #: (``args``: the method's config dataclass as the worker will build it; ``world``: the launch's process count).
     check: Callable | None = None
