@@ -130,6 +130,17 @@ def groups(seed: int = 5, count: int = 1000) -> list[dict]:
     return rows
 
 
+def pairs(seed: int = 6, count: int = 2000) -> list[dict]:
+    """Sentence-transformers' (anchor, positive) pairs (embed): a question and its answer's text; the other rows'
+    answers are each anchor's in-batch negatives."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        question, answer, _ = _sum(rng)
+        rows.append({"anchor": question, "positive": answer})
+    return rows
+
+
 def _write(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -147,6 +158,7 @@ def main() -> None:
     _write(data / "labelled.jsonl", labelled())
     _write(data / "prompts.jsonl", prompts())
     _write(data / "groups.jsonl", groups())
+    _write(data / "pairs.jsonl", pairs())
 
     texts = [m["content"] for r in rows for m in r["prompt"] + r["completion"]]
     tokenizer = Tokenizer(models.BPE())
