@@ -168,3 +168,40 @@ def test_cli_dry_run_finds_a_hub_id_in_the_cache_hf_hub_cache_names(tmp_path):
     overrides = ["--model_name_or_path=org/cached", "--random_init=false", "--expert_parallel_size=1"]
     result = run_halo("launch", "sft", str(TINY), "--dry-run", "--", *overrides, env={"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)})
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--sdpa_backends=[cudnn, flsh]"], "sdpa_backends: ['cudnn', 'flsh'] must name each of cudnn, flash, efficient, math at most once"),
+        (["--sdpa_backends=[math, math]"], "sdpa_backends: ['math', 'math'] must name each"),
+        (["--overlap_optimizer_step=true", "--bf16=false"], "overlap_optimizer_step: true overlaps AdamWBF16's step, which trains with bf16: true"),
+        (["--overlap_optimizer_step=true", "--bf16=true"], "overlap_optimizer_step: true needs shard_parameters: false"),
+        (["--overlap_optimizer_step=true", "--bf16=true", "--shard_parameters=false"], "runs the step on a CUDA side stream, and this machine has no GPU"),
+    ],
+)
+def test_the_step_keys_are_refused_before_start(overrides, message):
+    import torch
+
+    if "no GPU" in message and torch.cuda.is_available():
+        pytest.skip("the machine has a GPU: nothing to refuse")
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        check_run(load(overrides))
+    assert "\n" not in str(caught.value)
+
+
+def test_sdpa_backends_decide_the_attention_kernel():
+    """``sdpa_backends`` is PyTorch's ``sdpa_kernel`` around training: the full list falls through to a back-end this
+    machine has and gives math's result; a list of only a back-end the CPU lacks fails, so the list is applied."""
+    from halo_core.trainers.runtime import attention_backends
+
+    import torch
+    import torch.nn.functional as F
+
+    q = torch.randn(1, 2, 8, 4)
+    with attention_backends(["math"]):
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    with attention_backends(["cudnn", "flash", "efficient", "math"]):
+        assert torch.allclose(F.scaled_dot_product_attention(q, q, q, is_causal=True), out, atol=1e-6)
+    with attention_backends(["efficient"]), pytest.raises(RuntimeError):
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)

@@ -36,6 +36,8 @@ class AdamWBF16(torch.optim.Optimizer):
         self.seed = seed
         self.use_triton = use_triton
         self._gradient_scale: torch.Tensor | None = None
+        #: ``parts.overlap.OverlappedStep``: step on its side stream, part by part in forward order (CUDA only).
+        self.overlap = None
 
     def scale_next_gradients(self, scale: torch.Tensor) -> None:
         """Multiply every gradient by ``scale`` (a one-element tensor, left on its device) in the next ``step`` only.
@@ -61,34 +63,53 @@ class AdamWBF16(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        index = 0
         scale, self._gradient_scale = self._gradient_scale, None
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for param in group["params"]:
-                index += 1
-                if param.grad is None:
-                    continue
-                state = self._state(param, group["kahan"])
-                state["step"] += 1
-                step = state["step"]
-                keys = [stream_key(self.seed, step, index, t) for t in (_PARAM, _EXP_AVG, _EXP_AVG_SQ)]
-                # Scalars are computed once here, in double, so both implementations round them alike.
-                hyper = dict(
-                    beta1=beta1,
-                    one_minus_beta1=1 - beta1,
-                    beta2=beta2,
-                    one_minus_beta2=1 - beta2,
-                    eps=group["eps"],
-                    decay=1 - group["lr"] * group["weight_decay"],
-                    step_size=group["lr"] / (1 - beta1**step),
-                    bias_correction2_sqrt=math.sqrt(1 - beta2**step),
-                )
-                tensors = [local(param), local(param.grad), local(state["exp_avg"]), local(state["exp_avg_sq"])]
-                compensation = local(state["compensation"]) if "compensation" in state else None
-                gradient_scale = None if scale is None else scale.to(tensors[0].device)
-                self._update(tensors, compensation, gradient_scale, keys, hyper)
+        # Each parameter keeps its index in the groups (its random bits), whatever order the updates run in.
+        params = [(index, group, param) for index, (group, param) in
+                  enumerate(((g, p) for g in self.param_groups for p in g["params"]), start=1)]
+        if self.overlap is None:
+            for index, group, param in params:
+                self._step_one(index, group, param, scale)
+            return loss
+        overlap = self.overlap
+        overlap.begin()
+        ordered = overlap.order([(i, p) for i, _, p in params])
+        groups = {id(p): g for _, g, p in params}
+        with torch.cuda.stream(overlap.stream):
+            for position, (index, param) in enumerate(ordered):
+                self._step_one(index, groups[id(param)], param, scale)
+                if param.grad is not None:
+                    local(param.grad).record_stream(overlap.stream)  # zero_grad frees it while this stream reads it
+                part = overlap.part_of.get(param, 0)
+                if position + 1 == len(ordered) or overlap.part_of.get(ordered[position + 1][1], 0) != part:
+                    overlap.end_part(part)
+            if scale is not None:
+                scale.record_stream(overlap.stream)
         return loss
+
+    def _step_one(self, index: int, group: dict, param: torch.Tensor, scale: torch.Tensor | None) -> None:
+        beta1, beta2 = group["betas"]
+        if param.grad is None:
+            return
+        state = self._state(param, group["kahan"])
+        state["step"] += 1
+        step = state["step"]
+        keys = [stream_key(self.seed, step, index, t) for t in (_PARAM, _EXP_AVG, _EXP_AVG_SQ)]
+        # Scalars are computed once here, in double, so both implementations round them alike.
+        hyper = dict(
+            beta1=beta1,
+            one_minus_beta1=1 - beta1,
+            beta2=beta2,
+            one_minus_beta2=1 - beta2,
+            eps=group["eps"],
+            decay=1 - group["lr"] * group["weight_decay"],
+            step_size=group["lr"] / (1 - beta1**step),
+            bias_correction2_sqrt=math.sqrt(1 - beta2**step),
+        )
+        tensors = [local(param), local(param.grad), local(state["exp_avg"]), local(state["exp_avg_sq"])]
+        compensation = local(state["compensation"]) if "compensation" in state else None
+        gradient_scale = None if scale is None else scale.to(tensors[0].device)
+        self._update(tensors, compensation, gradient_scale, keys, hyper)
 
     def _update(self, tensors, compensation, gradient_scale, keys, hyper) -> None:
         use_triton = self.use_triton if self.use_triton is not None else tensors[0].is_cuda

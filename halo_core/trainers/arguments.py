@@ -57,6 +57,12 @@ class HaloArguments:
     merge_adapter: bool = False
     #: With ``bf16: true``: keep a bf16 Kahan compensation buffer per parameter (fp32-like accuracy, +2 bytes/param).
     adamw_bf16_kahan: bool = False
+    #: With ``bf16: true`` on a GPU and ``shard_parameters: false``: run AdamWBF16's step on a side stream, layer by
+    #: layer in forward order, so the next forward overlaps it (same weights, bitwise; ``parts/overlap.py``).
+    overlap_optimizer_step: bool = False
+    #: PyTorch's scaled-dot-product attention back-ends in the order to try them (``cudnn``, ``flash``, ``efficient``,
+    #: ``math``); empty = PyTorch's own order. For ``sdpa`` attention: cuDNN's is often the fastest on Hopper.
+    sdpa_backends: list[str] = field(default_factory=list)
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

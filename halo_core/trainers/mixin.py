@@ -42,7 +42,7 @@ class DistributedTrainerMixin:
     halo_shared_batch: bool = False
 
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
-                 activation_memory_budget: float | None = None, **kwargs):
+                 activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
         reference = kwargs.get("ref_model")
         if reference is not None:
@@ -52,6 +52,7 @@ class DistributedTrainerMixin:
         if kwargs.get("args") is not None:
             keep_experts_interface(kwargs["args"])
         self._halo_kahan = adamw_bf16_kahan
+        self._halo_overlap = overlap_optimizer_step
         self._halo_meter = ThroughputMeter()
         self._halo_staging = False
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
@@ -93,6 +94,10 @@ class DistributedTrainerMixin:
     def create_optimizer(self, model=None):
         if self.optimizer is None and wants_adamw_bf16(self.args):
             self.optimizer = build_adamw_bf16(self, self._halo_kahan)
+            if self._halo_overlap:
+                from halo_core.trainers.parts.overlap import OverlappedStep
+
+                self.optimizer.overlap = OverlappedStep(self._halo_laid_out)
         return super().create_optimizer(model) if self.optimizer is None else self.optimizer
 
     # -- gradient sync and clipping ------------------------------------------------------
@@ -150,7 +155,14 @@ class DistributedTrainerMixin:
 
     # -- checkpoints -------------------------------------------------------------------------
 
+    def _halo_wait_for_step(self) -> None:
+        """Before the weights or the optimizer state are read outside a forward: the overlapped step is done."""
+        overlap = getattr(getattr(self.optimizer, "optimizer", self.optimizer), "overlap", None)
+        if overlap is not None:
+            overlap.wait()
+
     def save_model(self, output_dir=None, _internal_call=False):
+        self._halo_wait_for_step()
         folder = output_dir or self.args.output_dir
         checkpoint.save_model(self._halo_laid_out, folder, self.processing_class)
         if not _internal_call and checkpoint.rank() == 0:  # the run's result (checkpoints call in as internal): say where
@@ -178,6 +190,7 @@ class DistributedTrainerMixin:
         checkpoint.promote_checkpoint(run_dir, name, self.args.save_total_limit, self.state.best_model_checkpoint)
 
     def _save_optimizer_and_scheduler(self, output_dir):
+        self._halo_wait_for_step()
         checkpoint.save_optimizer(self._halo_laid_out, self.optimizer, output_dir)
         if self.args.should_save:
             checkpoint.save_scheduler(self.lr_scheduler, output_dir)

@@ -70,11 +70,35 @@ def check_run(run: RunConfig, world: int = 1) -> None:
     check_ranges(run, args)
     method = get_method(run.method)
     check_columns(run, method.columns)
+    check_step_keys(run, args)
     if method.check is not None:
         method.check(run, args, world)
     from halo_core.lora.checks import check_lora
 
     check_lora(run, world)
+
+
+def check_step_keys(run: RunConfig, args) -> None:
+    """``overlap_optimizer_step`` (AdamWBF16 on a GPU, no FSDP2 units) and ``sdpa_backends`` (PyTorch's names)."""
+    import torch
+
+    from halo_core.trainers.runtime import SDPA_BACKENDS
+
+    halo, where = run.halo, run.source
+    unknown = [n for n in halo.sdpa_backends if n not in SDPA_BACKENDS]
+    if unknown or len(set(halo.sdpa_backends)) != len(halo.sdpa_backends):
+        raise ConfigError(f"{where}: sdpa_backends: {halo.sdpa_backends} must name each of {', '.join(SDPA_BACKENDS)} at most once, "
+                          f"in the order to try them, e.g. [cudnn, flash, efficient, math]")
+    if not halo.overlap_optimizer_step:
+        return
+    fix = "set overlap_optimizer_step: false"
+    if not getattr(args, "bf16", False):
+        raise ConfigError(f"{where}: overlap_optimizer_step: true overlaps AdamWBF16's step, which trains with bf16: true; set bf16: true, or {fix}")
+    if halo.shard_parameters:
+        raise ConfigError(f"{where}: overlap_optimizer_step: true needs shard_parameters: false (FSDP2 gathers each unit's weights on "
+                          f"its own streams, which the step's side stream cannot order per layer); set shard_parameters: false, or {fix}")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{where}: overlap_optimizer_step: true runs the step on a CUDA side stream, and this machine has no GPU; {fix}")
 
 
 def check_model_source(run: RunConfig) -> None:

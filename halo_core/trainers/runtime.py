@@ -105,9 +105,11 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
         compile_layers=run.halo.compile_layers,
         activation_memory_budget=run.halo.activation_memory_budget,
+        overlap_optimizer_step=run.halo.overlap_optimizer_step,
         **trainer_kwargs,
     )
-    trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    with attention_backends(run.halo.sdpa_backends):
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
     if run.halo.merge_adapter and run.peft.get("use_peft"):
         from halo_core.lora.merge import merge
@@ -117,6 +119,22 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
             merge(args.output_dir, os.path.join(args.output_dir, "merged"))
         checkpoint.barrier()
     return trainer
+
+
+#: ``sdpa_backends`` names -> PyTorch's back-ends.
+SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
+
+
+def attention_backends(names: list[str]):
+    """PyTorch's ``sdpa_kernel`` over these back-ends, tried in this order (``set_priority``); none: PyTorch's own.
+    Compiled layers pick their kernel when traced, which happens inside it."""
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not names:
+        return contextlib.nullcontext()
+    return sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names], set_priority=True)
 
 
 def lay_out_frozen(model, parallel: ParallelConfig):
