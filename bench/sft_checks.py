@@ -73,11 +73,54 @@ def check_kernels(config_path: Path) -> dict:
     return {"liger_moe_vs_grouped_mm": {"output": error(fused[0], reference[0]), "input_grad": error(fused[1], reference[1]), "gate_up_grad": error(fused[2], reference[2])}}
 
 
+def check_overlapped_step(config_path: Path, steps: int = 3) -> dict:
+    """GPU equivalence of ``overlap_optimizer_step``: a two-layer model of the benchmark config, bf16, no FSDP2 units,
+    ``steps`` steps of AdamWBF16 with clipping, the step on the side stream against the step in line. The same
+    kernels on the same inputs: the weights must agree bitwise (a forward that did not wait for its layer's step
+    would read half-updated weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from halo_core import ParallelConfig, parallelize
+    from halo_core.optim import AdamWBF16
+    from halo_core.trainers.parts.optimizer import clip_gradients
+    from halo_core.trainers.parts.overlap import OverlappedStep
+
+    config = AutoConfig.from_pretrained(config_path)
+    config.num_hidden_layers = 2
+    torch.manual_seed(0)
+    ids = [torch.randint(0, config.vocab_size, (1, 2048), device="cuda") for _ in range(steps)]
+    weights = {}
+    for overlapped in (False, True):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+        model = parallelize(model, ParallelConfig(fsdp=False))
+        optimizer = AdamWBF16(model.parameters(), lr=1e-3, seed=0)
+        if overlapped:
+            optimizer.overlap = OverlappedStep(model)
+        for batch in ids:
+            model(input_ids=batch, labels=batch).loss.backward()
+            clip_gradients(model, optimizer, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if overlapped:
+            optimizer.overlap.wait()
+        weights[overlapped] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        del model, optimizer
+    differing = [n for n, w in weights[False].items() if not torch.equal(w, weights[True][n])]
+    torch.cuda.empty_cache()
+    if differing:
+        raise SystemExit(f"the overlapped optimizer step differs from the step in line in {len(differing)} tensors, e.g. {differing[0]}")
+    return {"overlapped_vs_in_line": {"tensors": len(weights[True]), "differing": 0, "steps": steps}}
+
+
 def checks_for(variants: list[str], config_path: Path, profile: str | None) -> dict:
     """The checks the requested rows call for (none for a profile)."""
     checks = check_kernels(config_path) if any("liger-moe" in v for v in variants) and not profile else {}
     if any("compile" in v for v in variants) and not profile:
         checks.update(check_compiled_layers(config_path))
+    if any("overlap" in v for v in variants) and not profile:
+        checks.update(check_overlapped_step(config_path))
     return checks
 
 

@@ -41,6 +41,10 @@ def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "s
         run["fsdp_unit_layers"] = spec["unit_layers"]
     if spec["replicated"]:
         run["shard_parameters"] = False
+    if spec.get("overlap"):
+        run["overlap_optimizer_step"] = True
+    if spec.get("cudnn"):
+        run["sdpa_backends"] = ["cudnn", "flash", "efficient", "math"]
     path = workdir / f"{variant}.yaml"
     path.write_text(yaml.safe_dump(run))
     return [sys.executable, "-m", "halo_cli", "launch", method, str(path), "--nproc", str(args.nproc)]

@@ -26,13 +26,15 @@ def parse(variant: str, method: str = "sft") -> dict:
     budgets = [o for o in options if o.startswith("ab") and o[2:].isdigit()]
     units = [o for o in options if o.startswith("unit") and o[4:].isdigit()]
     options = [o for o in options if o not in budgets + units]
-    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated"} | (DPO_OPTIONS if method in REFERENCE_METHODS else set())
+    known = {"liger", "liger-moe", "nockpt", "fsdp", "compile", "tf-ep", "kahan", "replicated", "overlap", "cudnn"} | (DPO_OPTIONS if method in REFERENCE_METHODS else set())
     if budgets and "compile" not in options:
         raise SystemExit(f"{variant!r}: +abNN (activation memory budget) needs +compile")
     if set(options) - known or "" in trees or len(trees) > 1 or not (base in ("trl-fp32-autocast", "trl-bf16") or (base.startswith("halo-ep") and base[7:].isdigit())):
         raise SystemExit(f"unknown variant {variant!r}: see --help")
-    if ({"liger-moe", "compile", "kahan", "replicated"} & set(options) or units or trees) and not base.startswith("halo"):
-        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan, +replicated, +unitN and +tree.NAME are Halo options")
+    if ({"liger-moe", "compile", "kahan", "replicated", "overlap", "cudnn"} & set(options) or units or trees) and not base.startswith("halo"):
+        raise SystemExit(f"{variant!r}: +liger-moe, +compile, +kahan, +replicated, +overlap, +cudnn, +unitN and +tree.NAME are Halo options")
+    if "overlap" in options and "replicated" not in options:
+        raise SystemExit(f"{variant!r}: +overlap (overlap_optimizer_step) needs +replicated (shard_parameters: false)")
     if units and "replicated" in options:
         raise SystemExit(f"{variant!r}: +unitN groups FSDP units, which +replicated has none of")
     if "tf-ep" in options and (base.startswith("halo") or "fsdp" in options):
@@ -43,6 +45,7 @@ def parse(variant: str, method: str = "sft") -> dict:
         "liger_moe": "liger-moe" in options, "checkpointing": "nockpt" not in options, "fsdp": "fsdp" in options,
         "compile": "compile" in options, "tf_ep": "tf-ep" in options, "kahan": "kahan" in options, "activation_budget": int(budgets[0][2:]) / 100 if budgets else None,
         "unit_layers": int(units[0][4:]) if units else None, "replicated": "replicated" in options,
+        "overlap": "overlap" in options, "cudnn": "cudnn" in options,
         "environment": environment, "tree": trees[0] if trees else None, "precompute": "precompute" in options,
     }
 

@@ -23,6 +23,9 @@ A variant is a base and options joined by ``+``:
   +kahan              Halo: ``adamw_bf16_kahan: true`` (a bf16 compensation buffer instead of stochastic rounding)
   +unitN              Halo: ``fsdp_unit_layers: N`` (N consecutive decoder layers per FSDP2 unit)
   +replicated         Halo: ``shard_parameters: false`` (no FSDP2: weights whole on every GPU, gradients all-reduced)
+  +overlap            Halo, with +replicated: ``overlap_optimizer_step: true`` (the step on a side stream, overlapped
+                      with the next forward)
+  +cudnn              Halo: ``sdpa_backends: [cudnn, flash, efficient, math]`` (cuDNN's attention first)
   +fsdp               stock TRL with FSDP2 full sharding over the GPUs (else DDP)
   +tf-ep              stock TRL on transformers' own expert parallelism: ``from_pretrained(distributed_config=
                       DistributedConfig(ep_size=N, fsdp_size=N, ep_implementation="all_to_all"))``, N = --nproc
