@@ -57,3 +57,12 @@ def test_a_tree_row_without_its_checkout_or_on_a_trl_row_is_refused(harness):
         harness.row_process(harness.parse("halo-ep2+tree.other"), {})
     with pytest.raises(SystemExit, match="Halo options"):
         harness.parse("trl-bf16+tree.other")
+
+
+def test_overlap_and_cudnn_rows_are_halo_options_and_overlap_needs_replicated(harness):
+    spec = harness.parse("halo-ep1+compile+replicated+overlap+cudnn")
+    assert (spec["overlap"], spec["cudnn"], spec["replicated"]) == (True, True, True)
+    with pytest.raises(SystemExit, match=r"\+overlap \(overlap_optimizer_step\) needs \+replicated"):
+        harness.parse("halo-ep1+compile+overlap")
+    with pytest.raises(SystemExit, match="are Halo options"):
+        harness.parse("trl-bf16+cudnn")
