@@ -75,9 +75,10 @@ def check_kernels(config_path: Path) -> dict:
 
 def check_overlapped_step(config_path: Path, steps: int = 3) -> dict:
     """GPU equivalence of ``overlap_optimizer_step``: a two-layer model of the benchmark config, bf16, no FSDP2 units,
-    ``steps`` steps of AdamWBF16 with clipping, the step on the side stream against the step in line. The same
-    kernels on the same inputs: the weights must agree bitwise (a forward that did not wait for its layer's step
-    would read half-updated weights)."""
+    ``steps`` steps of AdamWBF16 with clipping, the step on the side stream against the step in line. Each step is a
+    forward (its logits kept) and seeded gradients, not a backward: CUDA's backward kernels (the embedding's atomics)
+    are not bitwise repeatable, the forward and the step are. The same kernels on the same inputs: logits and weights
+    must agree bitwise (a forward that did not wait for its layer's step would read half-updated weights)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from halo_core import ParallelConfig, parallelize
@@ -88,8 +89,8 @@ def check_overlapped_step(config_path: Path, steps: int = 3) -> dict:
     config = AutoConfig.from_pretrained(config_path)
     config.num_hidden_layers = 2
     torch.manual_seed(0)
-    ids = [torch.randint(0, config.vocab_size, (1, 2048), device="cuda") for _ in range(steps)]
-    weights = {}
+    ids = [torch.randint(0, config.vocab_size, (1, 2048), device="cuda") for _ in range(steps + 1)]
+    results = {}
     for overlapped in (False, True):
         torch.manual_seed(0)
         with torch.device("cuda"):
@@ -98,20 +99,29 @@ def check_overlapped_step(config_path: Path, steps: int = 3) -> dict:
         optimizer = AdamWBF16(model.parameters(), lr=1e-3, seed=0)
         if overlapped:
             optimizer.overlap = OverlappedStep(model)
+        logits = []
+        draw = torch.Generator(device="cuda").manual_seed(1)
         for batch in ids:
-            model(input_ids=batch, labels=batch).loss.backward()
+            with torch.no_grad():
+                logits.append(model(input_ids=batch).logits[0, -8:].clone())
+            if len(logits) > steps:
+                break
+            for param in model.parameters():
+                param.grad = torch.randn(param.shape, generator=draw, device="cuda", dtype=param.dtype)
             clip_gradients(model, optimizer, 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         if overlapped:
             optimizer.overlap.wait()
-        weights[overlapped] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        results[overlapped] = ({n: p.detach().clone() for n, p in model.named_parameters()}, logits)
         del model, optimizer
-    differing = [n for n, w in weights[False].items() if not torch.equal(w, weights[True][n])]
+    (weights, logits), (weights_overlapped, logits_overlapped) = results[False], results[True]
+    differing = [n for n, w in weights.items() if not torch.equal(w, weights_overlapped[n])]
+    differing += [f"logits of forward {i}" for i, (a, b) in enumerate(zip(logits, logits_overlapped)) if not torch.equal(a, b)]
     torch.cuda.empty_cache()
     if differing:
         raise SystemExit(f"the overlapped optimizer step differs from the step in line in {len(differing)} tensors, e.g. {differing[0]}")
-    return {"overlapped_vs_in_line": {"tensors": len(weights[True]), "differing": 0, "steps": steps}}
+    return {"overlapped_vs_in_line": {"tensors": len(weights), "forwards": len(logits), "differing": 0, "steps": steps}}
 
 
 def checks_for(variants: list[str], config_path: Path, profile: str | None) -> dict:
