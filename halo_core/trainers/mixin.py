@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint
+from halo_core.trainers.parts import checkpoint, nan_filter
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -57,6 +57,8 @@ class DistributedTrainerMixin:
         self._halo_staging = False
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
+        self._halo_nan_filter = self.args.logging_nan_inf_filter  # applied on the device (parts.nan_filter)
+        self.args.logging_nan_inf_filter = False
         reshard_all(self._halo_laid_out)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
         if self.halo_sequence_loss:
             for model in (self.model, getattr(self, "ref_model", None)):
@@ -111,7 +113,12 @@ class DistributedTrainerMixin:
         # Logged as the mean over ranks. compute_loss divided each rank's loss by cp x tp: for a TP rank the
         # quotient is its share of its pool's loss, as at tp=1; a CP rank holds only its chunk's part, so cp times it.
         # A sequence-level loss is the pool's whole loss on every rank of the pool already.
-        return loss if self.halo_sequence_loss else loss * layout_of(self.model).dims.cp
+        loss = loss if self.halo_sequence_loss else loss * layout_of(self.model).dims.cp
+        return nan_filter.filtered(self, loss, self._halo_nan_filter)
+
+    def evaluation_loop(self, *args, **kwargs):
+        with nan_filter.users_flag(self.args, self._halo_nan_filter):
+            return super().evaluation_loop(*args, **kwargs)
 
     # -- context and tensor parallelism ------------------------------------------------------------
 
@@ -175,7 +182,8 @@ class DistributedTrainerMixin:
     def _save_checkpoint(self, model, trial):
         self._halo_staging = True
         try:
-            super()._save_checkpoint(model, trial)
+            with nan_filter.users_flag(self.args, self._halo_nan_filter):
+                super()._save_checkpoint(model, trial)
             staged_root = self._get_output_dir(trial)
         finally:
             self._halo_staging = False
