@@ -1,0 +1,119 @@
+"""``halo new-family`` over every MoE model type the installed transformers knows, as a new user would run it.
+
+    python3 bench/new_family_sweep.py                      # scaffold, install into a temporary target, run its test
+    python3 bench/new_family_sweep.py --quick              # scaffold only: did it read a tiny model's layout?
+    python3 bench/new_family_sweep.py --types dbrx jetmoe --out sweep.json
+
+For each type: ``render_family`` (what ``halo new-family sweep-TYPE --model-type TYPE`` does; ``--replace`` where a
+bundled plugin already claims the type, which is then disabled for the test), ``pip install --no-deps --target``
+into a folder of its own, and the generated conformance test under ``pytest`` with that folder on the path. The
+report is one line per type and the count that passed with no edits (issue 28 asks for at least 90%). A CPU is
+enough; each generated test runs the kit's multi-process checks, so the whole sweep takes tens of minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: Config fields that count experts: a type whose (text) config has one of them is an MoE type.
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+
+
+def moe_types() -> list[str]:
+    """Every model type whose default config (its text config, for a composite) counts experts."""
+    import warnings
+
+    from transformers import CONFIG_MAPPING, AutoConfig
+
+    from halo_core.hf_config import text_config
+
+    found = []
+    for model_type in sorted(CONFIG_MAPPING.keys()):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                config = AutoConfig.for_model(model_type)
+                fields = {**config.to_dict(), **text_config(config).to_dict()}
+        except Exception:  # a config that cannot build with its defaults is reported by its own row
+            fields = {}
+        # The field's presence decides, not its default (hunyuan_v1_moe's is 1, dots1's None); one level of nested
+        # sub-configs too (dbrx keeps its experts under ffn_config).
+        nested = [v for v in fields.values() if isinstance(v, dict)]
+        if any(k in f for f in (fields, *nested) for k in EXPERT_COUNT_KEYS):
+            found.append(model_type)
+    return found
+
+
+def claimed_by(model_type: str) -> str | None:
+    from halo_core.registry import discover
+
+    for record in discover().records:
+        if model_type in getattr(record.family, "model_types", ()):
+            return record.distribution
+    return None
+
+
+def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
+    from halo_cli.scaffold import render_family
+
+    name = "sweep-" + model_type.replace("_", "-")
+    replaces = claimed_by(model_type)
+    started = time.monotonic()
+    row = {"model_type": model_type, "replaces": replaces}
+    try:
+        scaffold = render_family(name, model_type, root, replace=replaces)
+    except Exception as exc:
+        return {**row, "stage": "scaffold", "passed": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
+    source = next(scaffold.path.glob("halo_plugin_*/__init__.py")).read_text()
+    row["read_layout"] = "could not build a tiny model" not in source
+    if quick:
+        note = next((line.strip() for line in source.splitlines() if "could not build a tiny model" in line), "")
+        return {**row, "stage": "scaffold", "passed": row["read_layout"], "seconds": round(time.monotonic() - started, 1),
+                **({"error": note} if note else {})}
+    target = root / f"site-{model_type}"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
+                              str(target), str(scaffold.path)], capture_output=True, text=True)
+    if install.returncode != 0:
+        return {**row, "stage": "install", "passed": False, "error": install.stderr[-400:]}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(target), os.environ.get("PYTHONPATH", "")) if p)}
+    if replaces:
+        env["HALO_DISABLE_PLUGINS"] = ",".join(p for p in (os.environ.get("HALO_DISABLE_PLUGINS"), replaces) if p)
+    try:
+        test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(scaffold.path / "tests")],
+                              capture_output=True, text=True, env=env, timeout=timeout, cwd=root)
+        passed, tail = test.returncode == 0, (test.stdout + test.stderr)[-600:]
+    except subprocess.TimeoutExpired:
+        passed, tail = False, f"timed out after {timeout} s"
+    return {**row, "stage": "test", "passed": passed, "seconds": round(time.monotonic() - started, 1), **({} if passed else {"error": tail})}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--types", nargs="+", help="these model types only (default: every MoE type transformers knows)")
+    parser.add_argument("--quick", action="store_true", help="scaffold only: whether the scaffold read a tiny model's layout")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds for one generated test")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here")
+    args = parser.parse_args()
+    types = args.types or moe_types()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="halo-sweep-") as folder:
+        for model_type in types:
+            row = sweep_one(model_type, Path(folder), args.quick, args.timeout)
+            rows.append(row)
+            print(f"{'pass' if row['passed'] else 'FAIL'}  {model_type:28} {row['stage']:9} {row.get('error', '')[:160]!r}", flush=True)
+            if args.out:
+                args.out.write_text(json.dumps(rows, indent=1))
+    passed = sum(r["passed"] for r in rows)
+    print(f"{passed} of {len(rows)} MoE types pass with no edits ({100 * passed / max(len(rows), 1):.0f}%)"
+          f"{' (scaffold only: --quick)' if args.quick else ''}")
+
+
+if __name__ == "__main__":
+    main()
