@@ -205,3 +205,16 @@ def test_sdpa_backends_decide_the_attention_kernel():
         assert torch.allclose(F.scaled_dot_product_attention(q, q, q, is_causal=True), out, atol=1e-6)
     with attention_backends(["efficient"]), pytest.raises(RuntimeError):
         F.scaled_dot_product_attention(q, q, q, is_causal=True)
+
+
+def test_overlap_is_refused_with_a_server_engine():
+    """A server engine reads the weights for its sync outside any forward, where nothing waits for the side stream."""
+    from halo_core.methods.grpo import HaloGRPOConfig
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    config = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-grpo.yaml"
+    run = load_run_config("grpo", HaloGRPOConfig, config, parse_overrides([
+        f"--model_name_or_path={config.parent.parent / 'tiny' / 'model'}", "--overlap_optimizer_step=true", "--bf16=true", "--shard_parameters=false",
+        "--rollout_engine=vllm", "--engine_urls=[http://localhost:8000]"]))
+    with pytest.raises(ConfigError, match=re.escape("overlap_optimizer_step: true leaves the step running while the weights would be read for sync to the vllm servers")):
+        check_run(run)

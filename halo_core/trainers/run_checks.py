@@ -97,6 +97,10 @@ def check_step_keys(run: RunConfig, args) -> None:
     if halo.shard_parameters:
         raise ConfigError(f"{where}: overlap_optimizer_step: true needs shard_parameters: false (FSDP2 gathers each unit's weights on "
                           f"its own streams, which the step's side stream cannot order per layer); set shard_parameters: false, or {fix}")
+    engine = getattr(args, "rollout_engine", "hf")
+    if engine != "hf":
+        raise ConfigError(f"{where}: overlap_optimizer_step: true leaves the step running while the weights would be read for "
+                          f"sync to the {engine} servers (outside any forward); use rollout_engine: hf, or {fix}")
     if not torch.cuda.is_available():
         raise ConfigError(f"{where}: overlap_optimizer_step: true runs the step on a CUDA side stream, and this machine has no GPU; {fix}")
 
