@@ -48,7 +48,7 @@ class DistributedTrainerMixin:
         if reference is not None:
             kwargs["ref_model"] = reference = lay_out(reference, parallel_config or ParallelConfig())
         if compile_layers:
-            compile_decoder_layers(kwargs["model"], activation_memory_budget, frozen=reference)
+            compile_decoder_layers(laid_out(kwargs["model"]), activation_memory_budget, frozen=reference)
         if kwargs.get("args") is not None:
             keep_experts_interface(kwargs["args"])
         self._halo_kahan = adamw_bf16_kahan

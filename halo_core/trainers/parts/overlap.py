@@ -7,8 +7,8 @@ model and on each decoder layer), so layer k's forward runs while layers k+1.. a
 same order of operations per parameter, same random bits: the weights are bitwise those of the step without overlap.
 Anything else that reads the weights between steps (saving, weight sync) calls ``wait``.
 
-Only without FSDP2 units (``shard_parameters: false``, or one data-parallel rank): FSDP2 gathers a unit's parameters
-on its own streams, which sync with the compute stream once per forward (at the root), not per unit.
+Only without FSDP2 units (``shard_parameters: false``; on one GPU FSDP2 shards nothing anyway): FSDP2 gathers a
+unit's parameters on its own streams, which sync with the compute stream once per forward (at the root), not per unit.
 """
 
 from __future__ import annotations
