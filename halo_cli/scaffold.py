@@ -87,6 +87,22 @@ class ReadLayout:
     model_class: str
     summary: str
     found_moe: bool
+    #: The ``Family.model_class`` to declare: ``None`` where ``AutoModelForCausalLM`` maps the config.
+    declared_class: str | None = None
+    #: Why the model type cannot be trained as a causal LM (no class puts a language-model head on it), else ``None``.
+    cannot_train: str | None = None
+
+
+#: The marked spot a scaffold of a type that cannot be trained as a causal LM carries (docstring and test).
+CANNOT_TRAIN_MARK = "TODO(halo new-family): cannot be trained as a causal LM"
+
+
+def _language_model_attention(attention: tuple[str, ...], blocks: tuple[str, ...]) -> tuple[str, ...]:
+    """The attention patterns in the MoE blocks' layer stack (``model.language_model.layers.*``), so that a
+    vision-language model's vision or audio tower attention is not declared for context parallelism."""
+    stacks = {b.split(".*.")[0] for b in blocks if ".*." in b}
+    inside = tuple(a for a in attention if any(a.startswith(stack + ".*.") for stack in stacks))
+    return inside or attention
 
 
 def _read_layout(model_type: str) -> ReadLayout:
@@ -94,21 +110,34 @@ def _read_layout(model_type: str) -> ReadLayout:
     defaults = Family(name="x", model_types=("x",), version="0", api_version=PLUGIN_API_VERSION)
     fallback = {"moe_block": defaults.moe_block, "router": defaults.router, "experts": defaults.experts, "attention": defaults.attention}
     try:
+        from halo_core.hf_config import language_model_class
+
+        lm = language_model_class(model_type)
+    except Exception:  # a model type transformers does not know (--allow-unknown-model-type): try the causal-LM class
+        lm = None
+    if lm is not None and lm.missing:
+        note = f"- {CANNOT_TRAIN_MARK}: {lm.missing}. The fields below are the common-case defaults."
+        return ReadLayout(fallback, "?", note, found_moe=False, cannot_train=lm.missing)
+    declared = lm.name if lm is not None else None
+    try:
         from halo_core.layout import infer_layout
         from halo_core.tiny import tiny_model
 
-        model = tiny_model(model_type, device="meta")
+        model = tiny_model(model_type, device="meta", model_class=declared)
     except Exception as exc:  # unknown or custom architectures: keep the common-case defaults
         note = f"- could not build a tiny model ({type(exc).__name__}: {exc}); fields below are the common-case defaults, check them"
-        return ReadLayout(fallback, "?", note, found_moe=False)
-    inferred = infer_layout(model)
+        return ReadLayout(fallback, "?", note, found_moe=False, declared_class=declared)
+    inferred = dict(infer_layout(model))
+    inferred["attention"] = _language_model_attention(inferred["attention"], inferred["moe_block"])
     layout = {**fallback, **{k: v for k, v in inferred.items() if v}}
     lines = [
         f"- MoE blocks: {', '.join(inferred['moe_block']) or 'none found (fields below are defaults)'}",
         f"- router child: {inferred.get('router', '?')}; experts child: {inferred.get('experts', '?')}",
         f"- attention: {', '.join(inferred['attention']) or 'none found (field below is a default)'}",
     ]
-    return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]))
+    if declared:
+        lines.append(f"- built with `{declared}` ({lm.found}): `AutoModelForCausalLM` does not map this config")
+    return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared)
 
 
 def _literal(value) -> str:
@@ -144,6 +173,11 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "model_type_literal": repr(model_type),
         "splits_literal": "{'ep'}" if read.found_moe else "",
         "replaces_note": _replaces_note(replaces, model_type),
+        "model_class_field": f"\n        model_class={read.declared_class!r}," if read.declared_class else "",
+        "cannot_train_note": f"{CANNOT_TRAIN_MARK}: {read.cannot_train}.\n\n" if read.cannot_train else "",
+        "test_import": "import pytest" if read.cannot_train else "from halo_core.testing import check_family",
+        "test_body": (f"pytest.fail({CANNOT_TRAIN_MARK + ': ' + read.cannot_train!r})" if read.cannot_train
+                      else f"check_family({names.family!r})"),
         **{f"{k}_literal": _literal(v) for k, v in read.fields.items()},
     }
     template_root = files("halo_cli.templates") / "family"
