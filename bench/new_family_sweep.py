@@ -7,8 +7,10 @@
 For each type: ``render_family`` (what ``halo new-family sweep-TYPE --model-type TYPE`` does; ``--replace`` where a
 bundled plugin already claims the type, which is then disabled for the test), ``pip install --no-deps --target``
 into a folder of its own, and the generated conformance test under ``pytest`` with that folder on the path. The
-report is one line per type and the count that passed with no edits (issue 28 asks for at least 90%). A CPU is
-enough; each generated test runs the kit's multi-process checks, so the whole sweep takes tens of minutes.
+report is one line per type and the count that passed with no edits (issue 28 asks for at least 90%), then the
+types with no language-model class (a text sub-config, a pose or token-classification model: the scaffold marks
+them) and the passing types whose scaffold found no MoE block. A CPU is enough; each generated test runs the kit's
+multi-process checks, so the whole sweep takes tens of minutes.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def claimed_by(model_type: str) -> str | None:
 
 
 def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
-    from halo_cli.scaffold import render_family
+    from halo_cli.scaffold import CANNOT_TRAIN_MARK, render_family
 
     name = "sweep-" + model_type.replace("_", "-")
     replaces = claimed_by(model_type)
@@ -72,9 +74,12 @@ def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
     except Exception as exc:
         return {**row, "stage": "scaffold", "passed": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     source = next(scaffold.path.glob("halo_plugin_*/__init__.py")).read_text()
-    row["read_layout"] = "could not build a tiny model" not in source
+    row["trainable"] = CANNOT_TRAIN_MARK not in source
+    row["read_layout"] = row["trainable"] and "could not build a tiny model" not in source
+    row["found_moe"] = "splits=frozenset({'ep'})" in source  # the layout reading found MoE blocks (else no EP split)
+    row["model_class"] = next((line.split("=", 1)[1].strip(" ',") for line in source.splitlines() if line.strip().startswith("model_class=")), None)
     if quick:
-        note = next((line.strip() for line in source.splitlines() if "could not build a tiny model" in line), "")
+        note = next((line.strip() for line in source.splitlines() if "could not build a tiny model" in line or CANNOT_TRAIN_MARK in line), "")
         return {**row, "stage": "scaffold", "passed": row["read_layout"], "seconds": round(time.monotonic() - started, 1),
                 **({"error": note} if note else {})}
     target = root / f"site-{model_type}"
@@ -113,6 +118,12 @@ def main() -> None:
     passed = sum(r["passed"] for r in rows)
     print(f"{passed} of {len(rows)} MoE types pass with no edits ({100 * passed / max(len(rows), 1):.0f}%)"
           f"{' (scaffold only: --quick)' if args.quick else ''}")
+    untrainable = [r["model_type"] for r in rows if r.get("trainable") is False]
+    no_moe = [r["model_type"] for r in rows if r["passed"] and not r.get("found_moe")]
+    if untrainable:
+        print(f"{len(untrainable)} have no class with a language-model head (the scaffold says so): {' '.join(untrainable)}")
+    if no_moe:
+        print(f"{len(no_moe)} of those passing read no MoE block (their scaffold declares no 'ep' split): {' '.join(no_moe)}")
 
 
 if __name__ == "__main__":
