@@ -246,7 +246,7 @@ def _layers(default, fields: Mapping[str, Any], aliases: Mapping[str, str], targ
     if not lists and not keyed:
         return {}
     kinds = {**lists, **{k: [m.get(i) for i in range(count)] for k, m in keyed.items()}}
-    kinds = {k: v for k, v in kinds.items() if not _size_per_layer(k)}
+    kinds = {k: v for k, v in kinds.items() if not _size_per_layer(k) and not (k in lists and _is_layer_index_list(v))}
     kept = _layer_indices(kinds, count, target)
     kwargs[layers_key] = len(kept)
     for key, values in lists.items():

@@ -28,3 +28,23 @@ def test_a_quick_row_replaces_the_bundled_plugin_and_reports_the_layout_read(swe
     row = sweep.sweep_one("qwen3_moe", tmp_path, quick=True, timeout=60)
     assert row["passed"] and row["read_layout"] and row["replaces"] == "halo-plugin-qwen3-moe", row
     assert (tmp_path / "halo-plugin-sweep-qwen3-moe" / "pyproject.toml").exists()
+
+
+def test_a_vision_language_type_scaffolds_with_its_class_and_only_the_language_models_attention(sweep, tmp_path):
+    row = sweep.sweep_one("qwen3_vl_moe", tmp_path, quick=True, timeout=60)
+    assert row["passed"] and row["found_moe"] and row["model_class"] == "Qwen3VLMoeForConditionalGeneration", row
+    source = (tmp_path / "halo-plugin-sweep-qwen3-vl-moe" / "halo_plugin_sweep_qwen3_vl_moe" / "__init__.py").read_text()
+    assert "moe_block='model.language_model.layers.*.mlp'" in source
+    assert "attention='model.language_model.layers.*.self_attn'" in source  # not the vision tower's
+
+
+def test_a_type_with_no_language_model_head_is_marked_in_the_plugin_and_its_test(sweep, tmp_path):
+    from halo_cli.scaffold import CANNOT_TRAIN_MARK
+
+    row = sweep.sweep_one("qwen3_vl_moe_text", tmp_path, quick=True, timeout=60)
+    assert not row["passed"] and row["trainable"] is False, row
+    project = tmp_path / "halo-plugin-sweep-qwen3-vl-moe-text"
+    source = (project / "halo_plugin_sweep_qwen3_vl_moe_text" / "__init__.py").read_text()
+    assert CANNOT_TRAIN_MARK in source and "Qwen3VLMoeTextModel" in source and "(qwen3_vl_moe)" in source
+    test = next((project / "tests").glob("test_*.py")).read_text()
+    assert "pytest.fail(" in test and CANNOT_TRAIN_MARK in test
