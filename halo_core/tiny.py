@@ -87,10 +87,9 @@ TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "top_k_experts", "
 #: expert counts, hunyuan_v1_moe's ``head_dim``), so ``None`` there is an unset value, not a switch. Elsewhere
 #: ``None`` (a LoRA rank, say) and ``0`` (glm5_next's NoPE ``qk_rope_head_dim``) mean "feature off" and stay.
 SET_WHEN_UNSET = frozenset({"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "moe_intermediate_size",
-                            "head_dim", "n_shared_experts", *TOP_K_KEYS})
+                            "head_dim", *TOP_K_KEYS})
 #: Layer counts that a zero does not switch off (the tiny model keeps one dense leading layer).
 ZERO_RAISED = frozenset({"first_k_dense_replace", "num_dense_layers"})
-_UNSET_DEFAULTS = {"n_shared_experts": 1}
 
 #: Switches that turn a MoE type's experts on (gemma4 and doge default to dense MLPs): on in a tiny model.
 MOE_SWITCHES = ("enable_moe_block", "is_moe", "use_moe")
@@ -152,7 +151,7 @@ def _sizes(fields: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, A
             kwargs[key] = TINY_SIZES["shared_expert_intermediate_size"] if "shared" in key else TINY_SIZES[size]
     kwargs.update({key: True for key in MOE_SWITCHES if fields.get(key) is False})
     if "n_shared_experts" in fields and fields["n_shared_experts"] is None and any(k in kwargs for k in TOP_K_KEYS):
-        kwargs["n_shared_experts"] = _UNSET_DEFAULTS["n_shared_experts"]
+        kwargs["n_shared_experts"] = 1  # dots1 multiplies by it: unset like its expert counts
     if "head_dim" in kwargs and _head_is_nope_plus_rope(fields):
         kwargs["head_dim"] = kwargs.get("qk_nope_head_dim", 0) + kwargs.get("qk_rope_head_dim", 0)
     if fields.get("kv_lora_rank") and "num_key_value_heads" in kwargs:

@@ -24,5 +24,4 @@ def halo_family() -> Family:
         router="gate",
         experts="experts",
         attention="model.layers.*.self_attn",
-        tiny_config={"layer_types": ["conv", "full_attention"]},
     )

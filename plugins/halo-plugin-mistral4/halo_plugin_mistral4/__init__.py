@@ -23,5 +23,4 @@ def halo_family() -> Family:
         experts="experts",
         attention="model.layers.*.self_attn",
         model_class="Mistral4ForCausalLM",
-        tiny_config={"head_dim": 16},  # rotary covers head_dim * partial_rotary_factor = qk_rope_head_dim
     )

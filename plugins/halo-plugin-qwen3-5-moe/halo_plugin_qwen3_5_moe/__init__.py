@@ -10,8 +10,6 @@ from halo_core import Family, hookimpl
 
 __version__ = "0.1.0"
 
-_ONE_OF_EACH = ["linear_attention", "full_attention"]
-
 
 @hookimpl
 def halo_family() -> Family:
@@ -25,5 +23,4 @@ def halo_family() -> Family:
         router="gate",
         experts="experts",
         attention="model.layers.*.self_attn",
-        tiny_config={"layer_types": _ONE_OF_EACH, "text_config": {"layer_types": _ONE_OF_EACH}},
     )
