@@ -15,6 +15,7 @@ import torch
 
 from halo_core.adapt import adapt_model
 from halo_core.context import ParallelContext
+from halo_core.hf_config import text_config
 from halo_core.layout import find_attention, find_moe_blocks
 from halo_core.parallel.config import ParallelConfig
 from halo_core.registry import discover
@@ -70,7 +71,7 @@ def check_family(name: str, *, seed: int | None = None) -> None:
 
 def _check_identity_at_degree_one(registry, record, model_type, model, seed) -> None:
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=generator)
+    input_ids = torch.randint(0, text_config(model.config).vocab_size, (2, 7), generator=generator)
     with torch.no_grad():
         before = model(input_ids=input_ids).logits
         context = ParallelContext(family=record.family, model_type=model_type, model_config=model.config)

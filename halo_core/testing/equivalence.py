@@ -205,7 +205,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     # The auxiliary loss is a nonlinear function of the tokens it sees: a sequence's chunks do not add up to it.
     model = uneven_model(record, model_type, config.ep, seed, aux_loss=dims.cp == 1, head_split=dims.tp * (dims.cp if config.cp_attention == "ulysses" else 1))
     reference = copy.deepcopy(model)
-    batches = rank_batches(dims.dp, model.config.vocab_size, seed, multiple=dims.cp, packed=packed)
+    batches = rank_batches(dims.dp, text_config(model.config).vocab_size, seed, multiple=dims.cp, packed=packed)  # a composite keeps it on its text part
 
     truth = _float64_gradients(model, batches) if rank == 0 else None
     resolution = _float32_resolution(model, batches) if rank == 0 else {}
