@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -93,10 +94,22 @@ def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
     try:
         test = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", str(scaffold.path / "tests")],
                               capture_output=True, text=True, env=env, timeout=timeout, cwd=root)
-        passed, tail = test.returncode == 0, (test.stdout + test.stderr)[-600:]
+        output = test.stdout + test.stderr
+        passed, tail = test.returncode == 0, first_error(output) or output[-600:]
     except subprocess.TimeoutExpired:
         passed, tail = False, f"timed out after {timeout} s"
     return {**row, "stage": "test", "passed": passed, "seconds": round(time.monotonic() - started, 1), **({} if passed else {"error": tail})}
+
+
+def first_error(output: str) -> str:
+    """The first failure pytest reports (its ``E`` lines: the exception and message), without the traceback around it;
+    a multi-process check re-raises its first rank's failure, so that is the one shown."""
+    lines = [line[1:].strip() for line in output.splitlines() if line.startswith("E ")]
+    if not lines:
+        return ""
+    # a rank's traceback comes inside the message: keep its first line and the exception it ends in
+    raised = [line for line in lines[1:] if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line)]
+    return " | ".join([lines[0][:200], *raised[-1:]])[:600] if raised else " | ".join(lines)[:600]
 
 
 def main() -> None:
