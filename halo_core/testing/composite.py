@@ -1,0 +1,228 @@
+"""Equivalence with image inputs: a vision-language model's text MoE under EP and its vision tower under FSDP2.
+
+The text-only kit (``equivalence``) never runs a composite model's vision tower: its batches hold no
+pixels, so a tower that FSDP2 shards wrongly, or that gets no gradient, passes unseen. Here each
+data-parallel rank gets a batch of samples with one image each (patches as the Qwen-VL processors flatten
+them, ``image_grid_thw``, the image's placeholder tokens between the vision start and end tokens, samples
+of different lengths right-padded, labels -100 on image and pad positions), and the parallel run is held
+to one float32 process as ``equivalence`` holds text batches: loss, auxiliary loss, gradient norm, every
+gradient after clipping (with its float32-resolution and float64 allowances) and every weight after one
+SGD step, vision tower included. It also checks what makes the comparison mean something: the vision
+tower's weights are DTensors (FSDP2 sharded it), the experts are this rank's EP block, and the step moved
+the vision tower (its gradients are not zero).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+from halo_core.hf_config import text_config
+from halo_core.parallel.config import ParallelConfig
+from halo_core.registry import discover
+from halo_core.testing.compare import assert_close
+from halo_core.testing.equivalence import (
+    BATCH,
+    LR,
+    MAX_NORM,
+    _check_gradient,
+    _check_replicas,
+    _float32_resolution,
+    _float64_gradients,
+    uneven_model,
+)
+from halo_core.testing.spawn import spawn
+
+#: Image grids (temporal, height, width in patches) the samples cycle through: different token counts per sample.
+GRIDS = ((1, 2, 2), (1, 4, 2), (1, 2, 4), (1, 4, 4))
+
+_START_KEYS = ("vision_start_token_id", "image_start_token_id")
+_END_KEYS = ("vision_end_token_id", "image_end_token_id")
+_IMAGE_KEYS = ("image_token_id", "image_token_index")
+_VIDEO_KEYS = ("video_token_id", "video_token_index")
+
+
+def _first(config, keys: tuple[str, ...]) -> int | None:
+    return next((getattr(config, k) for k in keys if getattr(config, k, None) is not None), None)
+
+
+def vision_part(config):
+    """The composite config's vision sub-config (``vision_config``), or ``None`` for a text-only model."""
+    return getattr(config, "vision_config", None)
+
+
+def image_batches(model, count: int, seed: int, batch: int = BATCH) -> list[dict[str, torch.Tensor]]:
+    """``count`` batches (one per data-parallel rank) of ``batch`` samples, each sample one image, the same on every process.
+
+    Patches are flattened as Qwen-VL-style processors do (``[patches, channels * temporal_patch_size *
+    patch_size**2]``, a grid's patches in order); each image contributes ``t * h * w / spatial_merge_size**2``
+    placeholder tokens. Text ids are drawn below the smallest special id and the vocabulary size, so no text
+    token is taken for an image. ``mm_token_type_ids`` (1 on image tokens) is passed where the model's
+    forward takes it (the M-RoPE positions of Qwen3-VL read it).
+    """
+    config = model.config
+    vision = vision_part(config)
+    if vision is None:
+        raise ValueError(f"{type(model).__name__} has no vision_config: image batches need a vision-language model")
+    image_id, start_id, end_id = _first(config, _IMAGE_KEYS), _first(config, _START_KEYS), _first(config, _END_KEYS)
+    if image_id is None:
+        raise ValueError(f"{type(config).__name__} names no image token id (tried {_IMAGE_KEYS})")
+    vocab = text_config(config).vocab_size
+    specials = [i for i in (image_id, start_id, end_id, _first(config, _VIDEO_KEYS)) if i is not None]
+    too_big = [i for i in specials if i >= vocab]
+    if too_big:
+        raise ValueError(f"special token ids {too_big} are not below the vocabulary size {vocab}: move them in the family's tiny_config")
+    text_ids = min(min(specials), vocab)
+    merge = getattr(vision, "spatial_merge_size", 1)
+    width = vision.in_channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size**2
+    takes_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    most = max(t * h * w for t, h, w in GRIDS) // merge**2
+    batches, sample = [], 0
+    for rank in range(count):
+        rows, types, grids, pixels = [], [], [], []
+        for index in range(batch):
+            grid = GRIDS[sample % len(GRIDS)]
+            sample += 1
+            tokens = grid[0] * grid[1] * grid[2] // merge**2
+            # a length of its own per sample (so all but the longest are padded) and per rank (batches of different shapes)
+            before = int(torch.randint(1, 4, (1,), generator=generator))
+            after = (3 + 2 + most + 1 + rank * (batch + 1) + 2 * index) - before - 2 - tokens
+            ids = torch.cat([
+                torch.randint(0, text_ids, (before,), generator=generator),
+                torch.tensor([start_id] if start_id is not None else [], dtype=torch.long),
+                torch.full((tokens,), image_id),
+                torch.tensor([end_id] if end_id is not None else [], dtype=torch.long),
+                torch.randint(0, text_ids, (after,), generator=generator),
+            ])
+            rows.append(ids)
+            types.append((ids == image_id).long())
+            grids.append(grid)
+            pixels.append(torch.randn(grid[0] * grid[1] * grid[2], width, generator=generator))
+        length = max(len(r) for r in rows)
+        input_ids = torch.zeros(batch, length, dtype=torch.long)
+        attention_mask = torch.zeros(batch, length, dtype=torch.long)
+        token_types = torch.zeros(batch, length, dtype=torch.long)
+        for i, (row, kind) in enumerate(zip(rows, types)):  # right padding, as TRL's collators pad
+            input_ids[i, : len(row)], attention_mask[i, : len(row)], token_types[i, : len(row)] = row, 1, kind
+        labels = input_ids.masked_fill((token_types == 1) | (attention_mask == 0), -100)
+        inputs = {
+            "input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+            "pixel_values": torch.cat(pixels), "image_grid_thw": torch.tensor(grids), "use_cache": False,
+        }
+        if takes_types:
+            inputs["mm_token_type_ids"] = token_types
+        batches.append(inputs)
+    return batches
+
+
+def vision_parameters(model) -> list[str]:
+    """Names of the vision tower's parameters: those under the module that ``vision_config`` configures."""
+    vision = vision_part(model.config)
+    towers = [name for name, m in model.named_modules() if name and getattr(m, "config", None) is vision]
+    tower = min(towers, key=len) if towers else None
+    if tower is None:
+        raise ValueError(f"no module of {type(model).__name__} holds its vision_config")
+    return [n for n, _ in model.named_parameters() if n.startswith(tower + ".")]
+
+
+def run_composite_layouts(family_name: str, model_type: str, world: int, layouts: Iterable[ParallelConfig], seed: int) -> None:
+    """Spawn ``world`` gloo ranks and check each layout on image batches; raise ``AssertionError`` with the first rank's failure."""
+    spawn(_check_layouts, world, family_name, model_type, list(layouts), seed, what=f"{family_name}/{model_type} with images (seed {seed})")
+
+
+def _check_layouts(rank: int, world: int, family_name: str, model_type: str, layouts: list[ParallelConfig], seed: int) -> None:
+    registry = discover(strict=False)
+    record = registry.by_name(family_name)
+    for config in layouts:
+        check_composite_layout(registry, record, model_type, config, rank, world, seed)
+        dist.barrier()
+
+
+def check_composite_layout(registry, record, model_type: str, config: ParallelConfig, rank: int, world: int, seed: int, steps: int = 2) -> None:
+    """One layout on one rank: this rank's image batch against the single-process reference of every rank's batch.
+
+    ``steps`` SGD steps, each on new batches: the second forward reads the weights the first step left in
+    their shards, so a step applied to a copy that forward does not read shows in its loss. Gradients are
+    checked one by one on the first step (the float32-resolution and float64 allowances are computed there).
+    """
+    from halo_core import clip_grad_norm_, full_gradients, full_state_dict, parallelize, sync_gradients
+
+    dims = config.resolve(world)
+    if dims.cp > 1 or dims.tp > 1:
+        raise ValueError(f"{config}: image batches are checked under EP and FSDP2 only (cp and tp split the text sequence and heads)")
+    coords = dims.coordinates(rank)
+    model = uneven_model(record, model_type, config.ep, seed)
+    vision = vision_parameters(model)
+    reference = copy.deepcopy(model)
+    initial = {n: p.detach().clone() for n, p in reference.named_parameters() if n in vision}
+    parallel = None
+    for step in range(steps):
+        where = f"{config} rank {rank} (images, step {step + 1})"
+        batches = image_batches(reference, dims.dp, seed + 100 * step)
+        first = step == 0
+        truth = _float64_gradients(reference, batches) if first and rank == 0 else None
+        resolution = _float32_resolution(reference, batches) if first and rank == 0 else {}
+        reference.zero_grad()
+        expected = [reference(**batch) for batch in batches]
+        torch.stack([out.loss for out in expected]).mean().backward()
+        expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
+        scale = min(1.0, MAX_NORM / (expected_norm.item() + 1e-6))
+        expected_grads = {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in reference.named_parameters()}
+        silent = [n for n in vision if not expected_grads[n].abs().sum() > 0]
+        assert not silent, f"{where}: the reference gives no gradient to vision parameters {silent[:4]}: the images do not reach the loss"
+        torch.optim.SGD(reference.parameters(), lr=LR).step()
+
+        if parallel is None:
+            parallel = parallelize(model, config, registry)
+            _check_split(parallel, reference, vision, dims, where)
+        mine, theirs = batches[coords["dp"]], expected[coords["dp"]]
+        parallel.zero_grad()
+        out = parallel(**mine)
+        assert_close(out.logits, theirs.logits, f"{where}: logits")
+        assert_close(out.loss, theirs.loss, f"{where}: loss")
+        if getattr(out, "aux_loss", None) is not None:
+            assert_close(out.aux_loss, theirs.aux_loss, f"{where}: auxiliary loss")
+        out.loss.backward()
+        sync_gradients(parallel)
+        assert_close(clip_grad_norm_(parallel, MAX_NORM), expected_norm, f"{where}: gradient norm")
+        grads = full_gradients(parallel) if first else None
+        torch.optim.SGD(parallel.parameters(), lr=LR).step()
+        _check_replicas(parallel, where)
+        state = full_state_dict(parallel)
+        if rank != 0:
+            continue
+        if first:
+            for name, grad in expected_grads.items():
+                _check_gradient(grads[name], grad, truth[name] * scale if truth else None, resolution.get(name, 0.0), f"{where}: gradient of {name} after clipping")
+        for name, tensor in reference.state_dict().items():
+            assert name in state, f"{where}: {name} missing from full_state_dict"
+            assert_close(state[name], tensor, f"{where}: {name} after the step")
+        still = [n for n in vision if torch.equal(state[n], initial[n])]
+        assert not still, f"{where}: the steps left vision parameters {still[:4]} where they were"
+
+
+def _check_split(model, reference, vision: list[str], dims, where: str) -> None:
+    """The layout under test is the one asked for: FSDP2 shards the vision tower, EP splits the text experts."""
+    from torch.distributed.tensor import DTensor
+
+    from halo_core.parallel import dtensor
+    from halo_core.parallel.layout_state import layout_of
+
+    params = dict(model.named_parameters())
+    if dims.dp > 1 and layout_of(model).fsdp:
+        plain = [n for n in vision if not isinstance(params[n], DTensor)]
+        assert not plain, f"{where}: FSDP2 left vision parameters {plain[:4]} as plain tensors"
+    expert_params = layout_of(model).expert_params
+    assert expert_params or dims.ep == 1, f"{where}: no parameter is split by EP at ep={dims.ep}"
+    assert not expert_params & set(vision), f"{where}: EP split vision parameters {sorted(expert_params & set(vision))[:4]}"
+    for name in expert_params:
+        full = reference.get_parameter(name).shape[0]
+        held = layout_of(model).expert_shard(name)
+        local = dtensor.local(params[name].detach()).shape[0]
+        assert local * dims.ep <= full, f"{where}: {name} holds {local} of {full} experts at ep={dims.ep} ({held})"
