@@ -91,6 +91,10 @@ SET_WHEN_UNSET = frozenset({"num_experts", "num_local_experts", "n_routed_expert
 #: Layer counts that a zero does not switch off (the tiny model keeps one dense leading layer).
 ZERO_RAISED = frozenset({"first_k_dense_replace", "num_dense_layers"})
 
+#: Expert-group counts of grouped routing: a group's score sums its two best experts, so a tiny group needs at least
+#: two (eight experts in eight groups index past a group), and one group of four holds the kit's three per token.
+GROUP_KEYS = ("n_group", "num_expert_group")
+
 #: Switches that turn a MoE type's experts on (gemma4 and doge default to dense MLPs): on in a tiny model.
 MOE_SWITCHES = ("enable_moe_block", "is_moe", "use_moe")
 
@@ -101,9 +105,6 @@ MAX_TINY_LAYERS = 6
 DEFAULT_GAPS: dict[str, dict[str, Any]] = {
     # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare (real checkpoints carry it).
     "dbrx": {"attn_config": {"rope_theta": 10000.0}},
-    # Ernie's 3-D rotary falls back to mrope_section [22, 22, 20] in its modeling code, sized for head_dim 128.
-    "ernie4_5_vl_moe": {"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 1, 1]}}},
-    "ernie4_5_vl_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [2, 1, 1]}},
     # The default layer_types include indexed (QSA) layers but leave the indexer's sizes unset (real checkpoints set them).
     "qwen4_exp_text": (_qsa := {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4, "indexer_compress_ratio": 2}),
     "qwen4_exp": {"text_config": _qsa},
@@ -150,6 +151,11 @@ def _sizes(fields: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, A
         if size and key not in kwargs and key not in NOT_PREFIXED and type(value) is int and value > 0:
             kwargs[key] = TINY_SIZES["shared_expert_intermediate_size"] if "shared" in key else TINY_SIZES[size]
     kwargs.update({key: True for key in MOE_SWITCHES if fields.get(key) is False})
+    for key in GROUP_KEYS:  # grouped routing (DeepSeek-V3's): two groups of four experts, the best group's experts chosen
+        if isinstance(fields.get(key), int) and fields[key] > 1:
+            kwargs[key] = 2
+            if isinstance(fields.get("topk_group"), int):
+                kwargs["topk_group"] = 1
     if "n_shared_experts" in fields and fields["n_shared_experts"] is None and any(k in kwargs for k in TOP_K_KEYS):
         kwargs["n_shared_experts"] = 1  # dots1 multiplies by it: unset like its expert counts
     if "head_dim" in kwargs and _head_is_nope_plus_rope(fields):
@@ -255,11 +261,17 @@ def _layers(default, fields: Mapping[str, Any], aliases: Mapping[str, str], targ
             kwargs[key] = [kept.index(values[i]) if values[i] in kept else new for new, i in enumerate(kept)]
         else:
             kwargs[key] = [values[i] for i in kept]
+        if key.endswith("layer_types") and set(values) <= _NO_ATTENTION:  # granitemoehybrid's all-Mamba default
+            kwargs[key][-1] = "full_attention"  # a tiny model keeps one attention layer, so attention is declared and checked
     for key, mapping in keyed.items():
         kwargs[key] = {new: _shrunk_values(mapping[old], aliases) for new, old in enumerate(kept) if old in mapping}
     for key, kinds_ in unset.items():
         kwargs[key] = (kinds_ * len(kept))[: len(kept)]
     return kwargs
+
+
+#: Layer kinds with no attention module: a default pattern of these alone has no attention to declare.
+_NO_ATTENTION = frozenset({"linear_attention", "conv"})
 
 
 def _size_per_layer(key: str) -> str | None:
@@ -272,20 +284,57 @@ def _shrunk_values(value, aliases):
     return {**value, **_sizes(value, aliases)} if isinstance(value, dict) else value
 
 
-def _rotary(fields: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """``rope_parameters.mrope_section`` rescaled to half the tiny rotary size (its validators want that sum)."""
+def _modeling_default(config_class, key: str) -> list[int] | None:
+    """A list the modeling code falls back to where the config lacks ``key`` (``rope_parameters.get("mrope_section",
+    [8, 12, 12])`` in glm4v_moe and ernie4_5_vl_moe), sized for the real model."""
+    try:
+        modeling = importlib.import_module(config_class.__module__.replace(".configuration_", ".modeling_"))
+        source = open(modeling.__file__).read()
+    except (ImportError, OSError, TypeError):
+        return None
+    found = re.search(rf"\.get\(\s*[\"']{key}[\"']\s*,\s*(\[[\d,\s]+\])\s*\)", source)
+    return ast.literal_eval(found.group(1)) if found else None
+
+
+def _rotary(default, fields: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A multimodal rotary's ``mrope_section`` (the config's, else the modeling code's fallback) rescaled to half the
+    tiny rotary size (its validators and its split want that sum), with a head large enough for one frequency per
+    section."""
     rope = fields.get("rope_parameters")
-    if not isinstance(rope, dict) or not isinstance(rope.get("mrope_section"), list):
+    if not isinstance(rope, dict):
         return {}
-    section = rope["mrope_section"]
-    for key in ("qk_rope_head_dim", "head_dim"):
-        default_dim, tiny_dim = fields.get(key), kwargs.get(key)
-        if default_dim and tiny_dim and sum(section) * 2 == int(default_dim):
-            half = tiny_dim // 2
-            new = [max(1, s * half // sum(section)) for s in section]
-            new[0] += half - sum(new)
-            return {"rope_parameters": {**rope, "mrope_section": new}}
-    return {}
+    section = rope.get("mrope_section") or _modeling_default(type(default), "mrope_section")
+    if not isinstance(section, list) or not section:
+        return {}
+    factor = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
+    heads_key = getattr(default, "attribute_map", {}).get("num_attention_heads", "num_attention_heads")
+    hidden, heads = kwargs.get("hidden_size"), kwargs.get(heads_key)
+    if fields.get("qk_rope_head_dim") and sum(section) * 2 == fields["qk_rope_head_dim"]:
+        key = "qk_rope_head_dim"  # latent attention: the rotary part is a head size of its own
+    elif fields.get("head_dim"):
+        key = "head_dim"
+    elif hidden and heads:
+        key = None  # the head size is hidden_size // num_attention_heads
+    else:
+        return {}
+    head = kwargs.get(key) if key else hidden // heads
+    if not head:
+        return {}
+    extra: dict[str, Any] = {}
+    needed = 1 << max(0, int(-(-2 * len(section) // factor) - 1).bit_length())  # a power of two holding one frequency per section
+    if head * factor // 2 < len(section):
+        head = needed
+        if key:
+            extra[key] = head
+        else:  # fewer, larger heads
+            extra[heads_key] = max(1, hidden // head)
+            for kv in ("num_key_value_heads",):
+                if kv in kwargs:
+                    extra[kv] = min(kwargs[kv], extra[heads_key])
+    half = int(head * factor) // 2
+    new = [max(1, s * half // sum(section)) for s in section]
+    new[0] += half - sum(new)
+    return {**extra, "rope_parameters": {**rope, "mrope_section": new}}
 
 
 def _sub_config_base(sub) -> dict[str, Any]:
@@ -306,7 +355,7 @@ def _tiny_kwargs(default, overrides: Mapping[str, Any] | None = None) -> dict[st
     aliases = getattr(default, "attribute_map", {})  # e.g. num_experts -> num_local_experts
     kwargs = _sizes(fields, aliases)
     kwargs.update(_layers(default, fields, aliases, kwargs.get(aliases.get("num_hidden_layers", "num_hidden_layers")), overrides))
-    kwargs.update(_rotary(fields, kwargs))
+    kwargs.update(_rotary(default, fields, kwargs))
     text = text_config(default)
     for name in getattr(default, "sub_configs", None) or {}:  # composite models: shrink the text (and other) parts too
         sub = getattr(default, name, None)

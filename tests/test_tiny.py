@@ -23,6 +23,7 @@ def _per_layer(config) -> dict:
         ("dots3_note", "mlp_layer_types", {"dense", "sparse"}),  # a default list, one entry per layer, with dense leading layers
         ("inkling2_text", "layer_types", {"hybrid_sliding", "hybrid"}),
         ("lfm2_moe", "layer_types", {"conv", "full_attention"}),  # the default leaves layer_types None: kinds read off the modeling code
+        ("granitemoehybrid", "layer_types", {"linear_attention", "full_attention"}),  # all-Mamba default: one attention layer kept
     ],
 )
 def test_a_hybrid_tiny_config_keeps_one_layer_of_each_kind(model_type, field, kinds):
@@ -53,13 +54,25 @@ def test_sizes_that_the_plain_shrinking_got_wrong():
     inkling = tiny_config("inkling2")  # validator: vision_config.text_hidden_size must match text_config.hidden_size
     assert inkling.vision_config.text_hidden_size == inkling.text_config.hidden_size == 32
     assert tiny_config("gemma4_text").enable_moe_block  # a MoE type's MoE switch is on
+    kimi = tiny_config("kimi_k25").text_config  # grouped routing: groups of four experts, not eight groups of one
+    assert (kimi.n_group, kimi.topk_group) == (2, 1)
+
+
+def test_a_multimodal_rotary_is_rescaled_to_the_tiny_head_even_where_only_the_modeling_code_sets_it():
+    # glm4v_moe: mrope_section [8, 12, 12] is the modeling code's fallback, for a rotary half of 32; the tiny head
+    # (partial_rotary_factor 0.5) grows to 16 so each of the three sections keeps a frequency
+    text = tiny_config("glm4v_moe").text_config
+    head = text.hidden_size // text.num_attention_heads
+    assert sum(text.rope_parameters["mrope_section"]) == head * text.rope_parameters["partial_rotary_factor"] // 2 == 4
+    hy = tiny_config("hy_v4_vl").text_config  # the config's own sections, on latent attention's rotary part
+    assert sum(hy.rope_parameters["mrope_section"]) == hy.qk_rope_head_dim // 2
 
 
 @pytest.mark.parametrize(
     "model_type",
     ["dbrx", "dots1", "hunyuan_v1_moe", "lfm2_moe", "dots3_note", "ernie4_5_vl_moe", "granitemoehybrid", "glm5_next",
      "hy_v4_vl", "inkling2", "muse_spark", "nemo_speechlm", "nemotron_h_omni", "qwen3_omni_moe", "zaya", "mistral_large4",
-     "deepseek_ocr2", "qwen4_exp", "qwen3_vl_moe", "switch_transformers"],
+     "deepseek_ocr2", "qwen4_exp", "qwen3_vl_moe", "switch_transformers", "glm4v_moe", "kimi_k25"],
 )
 def test_the_default_of_a_formerly_failing_type_builds_tiny(model_type):
     model = tiny_model(model_type, device="meta", model_class=language_model_class(model_type).name)
