@@ -80,7 +80,7 @@ def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
     row["found_moe"] = "splits=frozenset({'ep'})" in source  # the layout reading found MoE blocks (else no EP split)
     row["model_class"] = next((line.split("=", 1)[1].strip(" ',") for line in source.splitlines() if line.strip().startswith("model_class=")), None)
     if quick:
-        note = next((line.strip() for line in source.splitlines() if "could not build a tiny model" in line or CANNOT_TRAIN_MARK in line), "")
+        note = next((line.strip() for line in source.splitlines() if "could not build a tiny model" in line or line.startswith(CANNOT_TRAIN_MARK)), "")
         return {**row, "stage": "scaffold", "passed": row["read_layout"], "seconds": round(time.monotonic() - started, 1),
                 **({"error": note} if note else {})}
     target = root / f"site-{model_type}"

@@ -116,7 +116,7 @@ def _read_layout(model_type: str) -> ReadLayout:
     except Exception:  # a model type transformers does not know (--allow-unknown-model-type): try the causal-LM class
         lm = None
     if lm is not None and lm.missing:
-        note = f"- {CANNOT_TRAIN_MARK}: {lm.missing}. The fields below are the common-case defaults."
+        note = "- nothing: no class of this model type has a language-model head (see below); the fields are the common-case defaults"
         return ReadLayout(fallback, "?", note, found_moe=False, cannot_train=lm.missing)
     declared = lm.name if lm is not None else None
     try:

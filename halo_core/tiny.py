@@ -303,7 +303,9 @@ def _rotary(default, fields: Mapping[str, Any], kwargs: Mapping[str, Any]) -> di
     rope = fields.get("rope_parameters")
     if not isinstance(rope, dict):
         return {}
-    section = rope.get("mrope_section") or _modeling_default(type(default), "mrope_section")
+    section = rope.get("mrope_section")
+    if section is None and "mrope_section" in (getattr(type(default), "ignore_keys_at_rope_validation", None) or ()):
+        section = _modeling_default(type(default), "mrope_section")  # only a config that takes sections (not a vision tower's)
     if not isinstance(section, list) or not section:
         return {}
     factor = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
