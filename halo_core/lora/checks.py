@@ -44,7 +44,7 @@ def _meta_model(run):
     """The run's model with no memory behind it (parameters on the meta device), to match targets against."""
     from transformers import AutoConfig
 
-    from halo_core.parallel.loading import model_class_for, sequence_head
+    from halo_core.parallel.loading import build_from_config, model_class_for, sequence_head
     from halo_core.trainers.method import get_method
 
     folder = Path(run.halo.model_name_or_path)
@@ -56,7 +56,7 @@ def _meta_model(run):
         sequence_head(hf_config, 2, hf_config.pad_token_id)  # the head's width does not change what targets match
     extra = {"experts_implementation": run.halo.experts_implementation} if run.halo.experts_implementation else {}
     with torch.device("meta"):
-        return model_class_for(hf_config, sequence_classification=head).from_config(hf_config, **extra)
+        return build_from_config(model_class_for(hf_config, sequence_classification=head), hf_config, **extra)
 
 
 def _check_targets(run, model, config, world: int = 1) -> None:

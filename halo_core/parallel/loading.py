@@ -111,6 +111,13 @@ def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows:
     return tensors[0]
 
 
+def build_from_config(model_class, hf_config, **kwargs):
+    """A randomly initialised model of ``model_class`` (an auto class, or a family's concrete ``model_class``):
+    concrete transformers classes build from a config with ``_from_config``, only auto classes have ``from_config``."""
+    build = getattr(model_class, "from_config", None) or model_class._from_config
+    return build(hf_config, **kwargs)
+
+
 def model_class_for(hf_config, registry=None, sequence_classification: bool = False):
     """The class to build a model of this config with: the family's ``model_class`` where it names one.
 
@@ -157,7 +164,7 @@ def from_pretrained(
         sequence_head(hf_config, num_labels, pad_token_id)
     extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
     with init_empty_weights(include_buffers=False):
-        model = model_class_for(hf_config, registry, num_labels is not None).from_config(hf_config, dtype=dtype, **extra)
+        model = build_from_config(model_class_for(hf_config, registry, num_labels is not None), hf_config, dtype=dtype, **extra)
     model = parallelize(model, config, registry, device_type=torch.device(device).type)
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     model.to_empty(device=device)

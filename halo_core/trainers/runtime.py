@@ -41,7 +41,7 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
     from transformers import AutoConfig
 
     from halo_core.kernels import liger
-    from halo_core.parallel.loading import from_pretrained, model_class_for, sequence_head
+    from halo_core.parallel.loading import build_from_config, from_pretrained, model_class_for, sequence_head
 
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() and not args.use_cpu else torch.device("cpu")
@@ -54,8 +54,8 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
             sequence_head(config, num_labels, pad_token_id)
         torch.manual_seed(args.seed)
         with device:
-            model = model_class_for(config, sequence_classification=num_labels is not None).from_config(
-                config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
+            model = build_from_config(model_class_for(config, sequence_classification=num_labels is not None),
+                                      config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
     else:
         model = from_pretrained(halo.model_name_or_path, parallel, dtype=dtype, device=device, experts_implementation=experts,
                                 num_labels=num_labels, pad_token_id=pad_token_id, seed=args.seed)
