@@ -27,3 +27,24 @@ def test_a_family_with_a_concrete_model_class_loads_its_checkpoint(tmp_path):
     assert type(loaded).__name__ == "Mistral4ForCausalLM"
     theirs = loaded.state_dict()
     assert all(torch.equal(weight, theirs[name]) for name, weight in model.state_dict().items())
+
+
+def test_experts_stored_transposed_under_their_own_name_load_as_transformers_loads_them(tmp_path):
+    """Released qwen3_vl_moe checkpoints hold ``mlp.experts.gate_up_proj`` as [E, H, 2I] for a [E, 2I, H] parameter
+    (and ``down_proj`` as [E, I, H]) under the parameter's own name; transformers transposes them on load where the
+    shape differs. A non-square size, so a missed transpose cannot pass."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model("qwen3_vl_moe", {"text_config": {"moe_intermediate_size": 8}}, model_class="Qwen3VLMoeForConditionalGeneration")
+    model.save_pretrained(tmp_path)
+    stored = load_file(tmp_path / "model.safetensors")
+    experts = [k for k in stored if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj"))]
+    assert experts
+    save_file({k: (v.transpose(1, 2).contiguous() if k in experts else v) for k, v in stored.items()},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    reference = transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32)
+    loaded = from_pretrained(tmp_path, ParallelConfig(fsdp=False), dtype=torch.float32, device="cpu")
+    theirs, transformers_own = loaded.state_dict(), reference.state_dict()
+    for key, weight in model.state_dict().items():
+        assert torch.equal(weight, transformers_own[key]), key  # transformers undoes the layout ...
+        assert torch.equal(weight, theirs[key]), key  # ... and so does Halo's sliced loader

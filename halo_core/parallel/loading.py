@@ -77,10 +77,26 @@ def _expert_converter(model_type: str, name: str):
     return None, None
 
 
-def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows: tuple[int, int]) -> torch.Tensor:
-    """Experts ``rows[0]..rows[1]-1`` of the fused parameter ``name``, sliced or merged on read."""
+def _same_name_conversion(model_type: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``tensor`` as transformers' loading would leave it where the checkpoint stores ``name`` under its own name in
+    another layout (qwen3_vl_moe's experts, saved as [E, H, 2I] for a [E, 2I, H] parameter): its ``Transpose``
+    steps, applied as transformers applies them (with ``check_dims``, only where the trailing shape differs)."""
+    converter, _ = _expert_converter(model_type, name)
+    if converter is None or list(converter.source_patterns) != list(converter.target_patterns):
+        return tensor
+    for operation in converter.operations:
+        if type(operation).__name__ != "Transpose":
+            raise CheckpointError(f"{name}: transformers converts it in place with {type(operation).__name__}, which the "
+                                  f"sliced loader does not apply; load with transformers' from_pretrained, then parallelize()")
+        if not operation.check_dims or tuple(tensor.shape[1:]) != tuple(shape[1:]):
+            tensor = tensor.transpose(operation.dim0, operation.dim1).contiguous()
+    return tensor
+
+
+def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows: tuple[int, int], shape: tuple[int, ...]) -> torch.Tensor:
+    """Experts ``rows[0]..rows[1]-1`` of the fused parameter ``name`` (of global ``shape``), sliced or merged on read."""
     if name in checkpoint:
-        return checkpoint.read(name, rows)
+        return _same_name_conversion(model_type, name, checkpoint.read(name, rows), shape)
     converter, prefix = _expert_converter(model_type, name)
     if converter is None:
         raise CheckpointError(
@@ -190,6 +206,17 @@ def expert_rows(model: nn.Module, name: str) -> tuple[int, int] | None:
     return shard.first, shard.first + shard.count
 
 
+def _unsliced_shape(model: nn.Module, name: str, param: torch.Tensor) -> tuple[int, ...]:
+    """``param``'s shape before its ETP slice (a DTensor's is already global): the shape a checkpoint block is read at."""
+    shape = list(param.shape)
+    if name in layout_of(model).expert_params:
+        shard = layout_of(model).expert_shard(name)
+        split = shard.etp_splits.get(name.rsplit(".", 1)[1])
+        if split is not None:
+            shape[split.dim] *= shard.etp_size
+    return tuple(shape)
+
+
 def place(model: nn.Module, name: str, param: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
     """``block`` (whole, or this rank's experts of an expert parameter) laid out like ``param``.
 
@@ -241,15 +268,15 @@ def load_into(model: nn.Module, path: str | Path, new_head_seed: int | None = No
     for name, param in model.named_parameters():
         rows = expert_rows(model, name)
         if rows is not None:
-            block = _read_expert_block(checkpoint, model_type, name, rows)
+            block = _read_expert_block(checkpoint, model_type, name, rows, _unsliced_shape(model, name, param))
         elif name in checkpoint:
-            block = checkpoint.read(name)
+            block = _same_name_conversion(model_type, name, checkpoint.read(name), _unsliced_shape(model, name, param))
         elif name in tied:
             continue  # filled by its tie
         elif new_head_seed is not None and (fresh := _new_head_block(model, name, new_head_seed)) is not None:
             block = fresh
         else:  # fused experts without EP, or another converted tensor
-            block = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]))
+            block = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]), _unsliced_shape(model, name, param))
         local = place(model, name, param, block.to(dtype=param.dtype))
         if isinstance(param, DTensor):
             param.to_local().copy_(local.to_local())
