@@ -94,7 +94,7 @@ def test_show_unknown_family_exits_2_listing_known_names():
         (["mine", "--model-type", "olmoe"], "model type 'olmoe' is already claimed by the installed plugin 'olmoe' (halo-plugin-olmoe); "
                                             "scaffold another model type, or pass --replace olmoe"),
         (["mine", "--model-type", "olmoe", "--replace", "mixtral"], "model type 'olmoe' is already claimed by the installed plugin 'olmoe'"),
-        (["mine", "--model-type", "qwen2_moe", "--replace", "olmoe"], "--replace olmoe: no installed plugin claims model type 'qwen2_moe'"),
+        (["mine", "--model-type", "solar_open", "--replace", "olmoe"], "--replace olmoe: no installed plugin claims model type 'solar_open'"),
     ],
 )
 def test_new_family_refusals(tmp_path, args, needle):
@@ -129,12 +129,12 @@ def test_new_family_replace_writes_a_plugin_to_install_instead_with_this_environ
 
 def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugin_site):
     # agent-docs/plugin-contract.md's example: a MoE type no bundled plugin claims.
-    result = run_halo("new-family", "my-moe", "--model-type", "qwen2_moe", "--output-dir", str(tmp_path))
+    result = run_halo("new-family", "my-moe", "--model-type", "solar_open", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     project = tmp_path / "halo-plugin-my-moe"
     assert f"next: {sys.executable} -m pip install -e {project} && halo families show my-moe" in result.stdout
     source = (project / "halo_plugin_my_moe" / "__init__.py").read_text()
-    assert "router='gate'" in source and "Qwen2MoeForCausalLM" in source and "splits=frozenset({'ep'})" in source
+    assert "router='gate'" in source and "SolarOpenForCausalLM" in source and "splits=frozenset({'ep'})" in source
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target", str(plugin_site.root), str(project)],
         capture_output=True, text=True,
@@ -142,7 +142,7 @@ def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugi
     assert install.returncode == 0, install.stderr
     rows = listing()
     assert rows["my-moe"]["status"] == "ok" and rows["my-moe"]["distribution"] == "halo-plugin-my-moe"
-    assert rows["my-moe"]["model_types"] == ["qwen2_moe"]
+    assert rows["my-moe"]["model_types"] == ["solar_open"]
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
         capture_output=True, text=True, cwd=project,

@@ -180,11 +180,11 @@ def _refusals(rank, world):
     with pytest.raises(LayoutError, match="no installed family plugin claims model type 'llama'.*set ep=1"):
         parallelize(tiny_model("llama"), ParallelConfig(ep=2), registry)
     with pytest.raises(LayoutError, match="family 'no-ep' .* does not support ep=2"):
-        parallelize(tiny_model("flex_olmo"), ParallelConfig(ep=2), registry)
+        parallelize(tiny_model("solar_open"), ParallelConfig(ep=2), registry)
 
 
 def test_refusals_happen_before_any_weight_moves(plugin_site):
-    plugin_site.add_family("halo-plugin-no-ep", "no-ep", ("flex_olmo",), splits=())
+    plugin_site.add_family("halo-plugin-no-ep", "no-ep", ("solar_open",), splits=())
     spawn(_refusals, 2)
 
 

@@ -63,7 +63,7 @@ def test_an_undeclared_split_is_refused_before_any_module_is_touched():
 
 def test_a_hook_may_replace_the_module_it_is_given(plugin_site):
     plugin_site.add_family(
-        "halo-plugin-wrapping", "wrapping", ("flex_olmo",),
+        "halo-plugin-wrapping", "wrapping", ("solar_open",),
         extra="""
         import torch
 
@@ -81,12 +81,12 @@ def test_a_hook_may_replace_the_module_it_is_given(plugin_site):
         """,
     )
     registry = discover(strict=False)
-    record = registry.family_record("flex_olmo")
-    model = tiny_model("flex_olmo")
+    record = registry.family_record("solar_open")
+    model = tiny_model("solar_open")
     ids = torch.randint(0, model.config.vocab_size, (2, 5))
     with torch.no_grad():
         before = model(input_ids=ids).logits
-        context = ParallelContext(family=record.family, model_type="flex_olmo", model_config=model.config)
+        context = ParallelContext(family=record.family, model_type="solar_open", model_config=model.config)
         adapted = adapt_model(model, registry, record, context)
         after = adapted(input_ids=ids).logits
     assert type(adapted.model.layers[0].mlp).__name__ == "Tagged"
