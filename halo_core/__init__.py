@@ -10,7 +10,7 @@ so the CLI lists plugins without importing a model stack.
 
 from importlib import import_module
 
-from halo_core.family import PLUGIN_API_VERSION, SPLITS, Family
+from halo_core.family import ATTENTION_TP_PLAN, PLUGIN_API_VERSION, SPLITS, Family
 from halo_core.hookspecs import hookimpl
 
 __version__ = "0.1.0"
@@ -26,7 +26,7 @@ _ENGINE = {
     "from_pretrained": "halo_core.parallel.loading",
 }
 
-__all__ = ["PLUGIN_API_VERSION", "SPLITS", "Family", "hookimpl", "__version__", *_ENGINE]
+__all__ = ["ATTENTION_TP_PLAN", "PLUGIN_API_VERSION", "SPLITS", "Family", "hookimpl", "__version__", *_ENGINE]
 
 
 def __getattr__(name: str):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping
 
 #: Bumped when the hook contract changes incompatibly; plugins declare the version they target.
@@ -17,6 +18,16 @@ PLUGIN_API_VERSION = 1
 
 #: Splits a family may declare. FSDP2 data parallelism is always available and is not declared.
 SPLITS = frozenset({"ep", "cp", "tp", "etp"})
+
+#: The tensor-parallel plan of the common attention block (``self_attn`` with q/k/v/o projections), for a family
+#: whose config's ``base_model_tp_plan`` names only the experts (many MoE configs do); extend it where the
+#: attention has more, e.g. per-head norms shared by the heads (``replicated_with_grad_allreduce``).
+ATTENTION_TP_PLAN: Mapping[str, str] = MappingProxyType({
+    "model.layers.*.self_attn.q_proj": "colwise",
+    "model.layers.*.self_attn.k_proj": "colwise",
+    "model.layers.*.self_attn.v_proj": "colwise",
+    "model.layers.*.self_attn.o_proj": "rowwise",
+})
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -69,6 +80,7 @@ class Family:
         object.__setattr__(self, "moe_block", _as_tuple(self.moe_block))
         object.__setattr__(self, "attention", _as_tuple(self.attention))
         object.__setattr__(self, "splits", frozenset(self.splits))
+        object.__setattr__(self, "tp_plan", dict(self.tp_plan))  # a plain dict: a shared plan (ATTENTION_TP_PLAN) is read-only, and pickles
         if not is_valid_family_name(self.name):
             raise ValueError(
                 f"Family.name={self.name!r} is not valid: use lower-case letters, digits, '-' or '_', "

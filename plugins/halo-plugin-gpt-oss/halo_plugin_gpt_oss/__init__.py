@@ -12,7 +12,7 @@
   (the sinks are split with the heads by the core).
 """
 
-from halo_core import Family, hookimpl
+from halo_core import ATTENTION_TP_PLAN, Family, hookimpl
 
 __version__ = "0.1.0"
 
@@ -30,10 +30,5 @@ def halo_family() -> Family:
         experts="experts",
         attention="model.layers.*.self_attn",
         tiny_config={"attn_implementation": "eager", "sliding_window": 4},
-        tp_plan={
-            "model.layers.*.self_attn.q_proj": "colwise",
-            "model.layers.*.self_attn.k_proj": "colwise",
-            "model.layers.*.self_attn.v_proj": "colwise",
-            "model.layers.*.self_attn.o_proj": "rowwise",
-        },
+        tp_plan=ATTENTION_TP_PLAN,
     )

@@ -8,7 +8,7 @@
 - No CP: a Mamba layer's state runs along the whole sequence, which Halo's CP does not pass between chunks.
 """
 
-from halo_core import Family, hookimpl
+from halo_core import ATTENTION_TP_PLAN, Family, hookimpl
 
 __version__ = "0.1.0"
 
@@ -25,10 +25,5 @@ def halo_family() -> Family:
         router="router",
         experts="experts",
         attention="model.layers.*.self_attn",
-        tp_plan={
-            "model.layers.*.self_attn.q_proj": "colwise",
-            "model.layers.*.self_attn.k_proj": "colwise",
-            "model.layers.*.self_attn.v_proj": "colwise",
-            "model.layers.*.self_attn.o_proj": "rowwise",
-        },
+        tp_plan=ATTENTION_TP_PLAN,
     )

@@ -6,7 +6,7 @@
 - The config's ``base_model_tp_plan`` names only the experts, so the plugin gives the attention plan.
 """
 
-from halo_core import Family, hookimpl
+from halo_core import ATTENTION_TP_PLAN, Family, hookimpl
 
 __version__ = "0.1.0"
 
@@ -23,11 +23,6 @@ def halo_family() -> Family:
         router="router",
         experts="experts",
         attention="model.layers.*.self_attn",
-        tp_plan={
-            "model.layers.*.self_attn.q_proj": "colwise",
-            "model.layers.*.self_attn.k_proj": "colwise",
-            "model.layers.*.self_attn.v_proj": "colwise",
-            "model.layers.*.self_attn.o_proj": "rowwise",
-        },
+        tp_plan=ATTENTION_TP_PLAN,
         tiny_config={"shared_intermediate_size": 32},  # the default 0 builds no shared MLP, which the kit must cover
     )

@@ -8,7 +8,7 @@
   the TP group: each rank normalises only its own heads (without the sum, the kit's replica check fails).
 """
 
-from halo_core import Family, hookimpl
+from halo_core import ATTENTION_TP_PLAN, Family, hookimpl
 
 __version__ = "0.1.0"
 
@@ -26,10 +26,7 @@ def halo_family() -> Family:
         experts="experts",
         attention="model.layers.*.self_attn",
         tp_plan={
-            "model.layers.*.self_attn.q_proj": "colwise",
-            "model.layers.*.self_attn.k_proj": "colwise",
-            "model.layers.*.self_attn.v_proj": "colwise",
-            "model.layers.*.self_attn.o_proj": "rowwise",
+            **ATTENTION_TP_PLAN,
             # Per-head norms, replicated: each TP rank sees its own heads, so their gradients are summed.
             "model.layers.*.self_attn.query_layernorm": "replicated_with_grad_allreduce",
             "model.layers.*.self_attn.key_layernorm": "replicated_with_grad_allreduce",

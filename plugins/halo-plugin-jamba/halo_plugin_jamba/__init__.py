@@ -9,7 +9,7 @@
 - No CP: a Mamba layer's state runs along the whole sequence, which Halo's CP does not pass between chunks.
 """
 
-from halo_core import Family, hookimpl
+from halo_core import ATTENTION_TP_PLAN, Family, hookimpl
 
 __version__ = "0.1.0"
 
@@ -27,10 +27,5 @@ def halo_family() -> Family:
         experts="experts",
         attention="model.layers.*.self_attn",
         tiny_config={"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 1, "expert_layer_offset": 0},  # one Mamba and one attention layer, both MoE
-        tp_plan={
-            "model.layers.*.self_attn.q_proj": "colwise",
-            "model.layers.*.self_attn.k_proj": "colwise",
-            "model.layers.*.self_attn.v_proj": "colwise",
-            "model.layers.*.self_attn.o_proj": "rowwise",
-        },
+        tp_plan=ATTENTION_TP_PLAN,
     )
