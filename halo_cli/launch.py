@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import multiprocessing
 import os
-import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -56,7 +56,7 @@ def launch(
 
 def _print_plan(run: RunConfig, layout: dict, world: int) -> None:
     console.print("[bold]resolved config[/]")
-    console.print(yaml.safe_dump(run.to_json(), sort_keys=False))
+    console.print(yaml.safe_dump(run.to_json(), sort_keys=False), soft_wrap=True, markup=False, highlight=False)  # paths stay whole
     dims = layout["dims"]
     family = layout["family"] or "none (plain FSDP2 route)"
     console.print(f"[bold]model type[/]: {layout['model_type']}   [bold]family[/]: {family}")
@@ -70,15 +70,36 @@ def _print_plan(run: RunConfig, layout: dict, world: int) -> None:
 
 
 def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> int:
-    # The run's spec lives as long as the workers that read it, however the launch ends (failure, Ctrl-C); so do
-    # torchrun's per-rank log folders (empty unless a rank fails, whose error torchrun prints before it returns).
+    """Start the workers with ``torch.distributed.run``'s own launcher (its arguments, rendezvous and agent), this
+    process as the agent. On a machine without CUDA the workers are forked from it, so they start with everything the
+    checks above imported (an import of torch, transformers and TRL is 5 s of CPU a process); where CUDA is in play
+    they come from a fork server that imports the worker once, as forking a process that has asked CUDA anything is
+    not safe."""
+    import torch
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, get_args_parser
+
+    from halo_core.trainers import worker
+
+    # torchrun's per-rank log folders live as long as the launch, however it ends (failure, Ctrl-C): empty unless a
+    # rank fails, whose error is printed before the launch returns.
     with tempfile.TemporaryDirectory(prefix="halo-run-") as folder:
-        spec = Path(folder) / "run.json"
-        spec.write_text(json.dumps(run.to_json()))
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", f"--log-dir={folder}/torchrun"]
-        if nnodes == 1 and rdzv_endpoint is None:
-            command.append("--standalone")
+        args = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", f"--log-dir={folder}/torchrun"]
+        if nnodes == 1 and rdzv_endpoint is None:  # what ``--standalone`` resolves to
+            args += ["--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", f"--rdzv-id={uuid.uuid4()}"]
         else:
-            command += [f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
-        command += ["-m", "halo_core.trainers.worker", str(spec)]
-        return subprocess.call(command, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+            args += [f"--node-rank={node_rank}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}"]
+        method = "forkserver" if torch.cuda.is_available() else "fork"
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its banner
+        config, _, _ = config_from_args(get_args_parser().parse_args([*args, f"--start-method={method}", "halo-worker"]))
+        if method == "forkserver":
+            multiprocessing.set_forkserver_preload([worker.__name__, get_method(run.method).run.__module__])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            elastic_launch(config, worker.main)(run.to_json())
+        except ChildFailedError as failure:
+            print(failure.format_msg(), file=sys.stderr)
+            return 1
+        return 0

@@ -30,22 +30,29 @@ def test_a_two_process_launch_cleans_up_stays_quiet_and_names_the_saved_model(tm
 
 
 @pytest.mark.parametrize("ending", ["fails", "interrupted"])
-def test_the_run_folder_goes_however_torchrun_ends(tmp_path, monkeypatch, ending):
+def test_the_run_folder_goes_however_the_workers_end(tmp_path, monkeypatch, ending, capsys):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+    from torch.distributed.launcher import api
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     seen = []
 
-    def torchrun(command, env):
-        seen.append(Path(command[-1]))
-        assert seen[0].is_file()  # the workers read it
-        if ending == "interrupted":
-            raise KeyboardInterrupt
-        return 1
+    def elastic_launch(config, entrypoint):
+        def workers(spec):
+            seen.append((config.start_method, spec))
+            assert list(tmp_path.iterdir())  # torchrun's log folder is there while the workers run
+            if ending == "interrupted":
+                raise KeyboardInterrupt
+            raise ChildFailedError("halo-worker", {0: ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(tmp_path / "none"))})
+        return workers
 
-    monkeypatch.setattr(launch.subprocess, "call", torchrun)
-    run = SimpleNamespace(to_json=lambda: {"method": "sft"})
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+    run = SimpleNamespace(to_json=lambda: {"method": "sft"}, method="sft")
     if ending == "interrupted":
         with pytest.raises(KeyboardInterrupt):
             launch._torchrun(run, 2, 1, 0, None)
     else:
         assert launch._torchrun(run, 2, 1, 0, None) == 1
-    assert seen and list(tmp_path.iterdir()) == []
+        assert "halo-worker FAILED" in capsys.readouterr().err
+    assert seen == [("fork", {"method": "sft"})]  # no CUDA here: forked from the launcher, which has imported the worker
+    assert list(tmp_path.iterdir()) == []

@@ -21,13 +21,24 @@ import threading
 from typing import NoReturn
 
 
-def leave(code: int = 0) -> NoReturn:
-    """Call from the main thread, once the rank is done."""
-    # Python's own exit sequence, run while the interpreter is whole: the threading module's exit
-    # callbacks (executors stop their workers there; joining those first would wait forever), the
-    # join of non-daemon threads, then the atexit handlers.
+def forget_parent_exit_handlers() -> None:
+    """First thing in a forked child: the exit handlers it inherited are its parent's (a ``weakref.finalize`` of the
+    parent's temporary folder among them, which would delete it from under the parent), not its own."""
+    atexit._clear()  # noqa: SLF001
+
+
+def finish() -> None:
+    """Python's own exit sequence, run while the interpreter is whole (call from the main thread): the threading
+    module's exit callbacks (executors stop their workers there; joining those first would wait forever), the join of
+    non-daemon threads, then the atexit handlers, and the streams flushed. A multiprocessing child (a ``halo launch``
+    worker) calls this before its function returns, since multiprocessing ends it with ``os._exit``."""
     threading._shutdown()  # noqa: SLF001
     atexit._run_exitfuncs()  # noqa: SLF001
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
+
+
+def leave(code: int = 0) -> NoReturn:
+    """Call from the main thread, once the rank is done."""
+    finish()
     os._exit(code)
