@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import faulthandler
+import multiprocessing
+import os
 import tempfile
 import traceback
 from pathlib import Path
@@ -13,7 +15,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from halo_core.parallel.process_exit import leave
+from halo_core.parallel.process_exit import forget_parent_exit_handlers, leave
+
+
+#: What every rank imports anyway, imported once by the fork server.
+PRELOAD = ["torch.distributed.fsdp", "transformers.modeling_utils", "halo_core.parallel", "halo_core.testing.equivalence"]
 
 
 def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> None:
@@ -22,9 +28,13 @@ def spawn(fn: Callable[..., Any], world: int, *args: Any, what: str = "") -> Non
     A failure raises ``AssertionError`` carrying the first rank's own traceback, not a
     peer's report that the connection dropped.
     """
+    # Ranks come from a fork server that has imported torch, transformers and the kit once (5 s of CPU a process
+    # otherwise): it starts with the first call and serves every later one in this process. A rank takes the caller's
+    # environment as it is now, as a spawned one would, not the server's from when it started.
+    multiprocessing.set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory() as errors:
         try:
-            mp.start_processes(_rank_main, args=(world, errors, fn, args), nprocs=world, join=True, start_method="spawn")
+            mp.start_processes(_rank_main, args=(world, errors, fn, args, dict(os.environ)), nprocs=world, join=True, start_method="forkserver")
         except ProcessException:
             raise AssertionError(f"{what or fn.__name__} at world {world}: {_root_cause(Path(errors))}") from None
 
@@ -40,7 +50,10 @@ def _root_cause(errors: Path) -> str:
     )
 
 
-def _rank_main(rank: int, world: int, errors: str, fn: Callable[..., Any], args: tuple) -> None:
+def _rank_main(rank: int, world: int, errors: str, fn: Callable[..., Any], args: tuple, environ: dict) -> None:
+    forget_parent_exit_handlers()
+    os.environ.clear()
+    os.environ.update(environ)
     torch.set_num_threads(1)  # ranks share the machine's cores
     faults = open(Path(errors, f"fault{rank:03d}.txt"), "w")  # a native crash (abort, segfault) still says where
     faulthandler.enable(faults, all_threads=True)
