@@ -68,6 +68,8 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     expert_modules = [(n, m) for n, m in model.named_modules() if expert_parallel.uses_expert_parallel(m)]
     if expert_modules:
         model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
+        for _, experts in expert_modules:  # an interface module a family put in a model transformers will not switch (Llama 4)
+            experts.config._experts_implementation_internal = expert_parallel.IMPLEMENTATION
     elif dims.ep * dims.etp > 1:
         raise LayoutError(f"ep={dims.ep}, etp={dims.etp} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
     if any(context_parallel.uses_context_parallel(m) for m in model.modules()):
