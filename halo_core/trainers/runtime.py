@@ -61,7 +61,19 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
                                 num_labels=num_labels, pad_token_id=pad_token_id, seed=args.seed)
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
+    name_the_backbone(model)
     return model
+
+
+def name_the_backbone(model) -> None:
+    """TRL's fused LM head (SFT, DPO, ...) runs ``model.base_model``, which is the whole model where the class's
+    ``base_model_prefix`` names no child: transformers' ``Llama4ForCausalLM`` says ``language_model`` and keeps its
+    backbone at ``model``, so stock TRL fails on it. Point this instance's prefix at that child (checkpoints keep
+    the class's names)."""
+    from transformers import PreTrainedModel
+
+    if model.base_model is model and isinstance(getattr(model, "model", None), PreTrainedModel):
+        model.base_model_prefix = "model"
 
 
 def build_reference(halo: HaloArguments, args, parallel: ParallelConfig):
