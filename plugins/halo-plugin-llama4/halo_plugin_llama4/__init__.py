@@ -10,6 +10,9 @@
   over all of them. At one rank the block stays transformers' own.
 - Shared expert: ``shared_expert``, a dense MLP every rank keeps whole.
 - ``interleave_moe_layer_step`` / ``moe_layers`` make some layers dense (``Llama4TextMLP``, no router): skipped.
+- Not declared: ``etp`` (the core reads the expert layout flags before this hook has put the interface module in
+  place) and ``tp``. TRL's auxiliary loss reads ``num_experts``, which this config calls ``num_local_experts``:
+  train with ``router_aux_loss_coef: 0.0`` (troubleshooting).
 """
 
 from __future__ import annotations
