@@ -56,3 +56,27 @@ def test_the_run_folder_goes_however_the_workers_end(tmp_path, monkeypatch, endi
         assert "halo-worker FAILED" in capsys.readouterr().err
     assert seen == [("fork", {"method": "sft"})]  # no CUDA here: forked from the launcher, which has imported the worker
     assert list(tmp_path.iterdir()) == []
+
+
+def test_where_cuda_is_in_play_the_workers_come_from_a_fork_server_and_train(tmp_path, monkeypatch):
+    """The GPU road, on the CPU: CUDA is faked in the launcher only, so it starts its workers from a fork server
+    (a fresh interpreter, which sees no GPU and trains on gloo) instead of forking itself."""
+    import json
+
+    import torch
+
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    out = tmp_path / "run"
+    overrides = parse_overrides([f"--output_dir={out}", "--max_steps=2", "--logging_steps=1", "--save_strategy=steps", "--save_steps=2"])
+    run = load_run_config("sft", get_method("sft").config_class, TINY, overrides)
+    started = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr("multiprocessing.set_forkserver_preload", lambda modules: started.append(modules))
+    monkeypatch.chdir(tmp_path)
+    assert launch._torchrun(run, 2, 1, 0, None) == 0
+    assert started == [["halo_core.trainers.worker", "halo_core.methods.sft"]]
+    state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2]
+    assert (out / "model.safetensors").is_file()
