@@ -69,7 +69,9 @@ def _sparse_forward(self: nn.Module, hidden_states: torch.Tensor):
     """``Llama4TextMoe.forward`` with the experts run on the chosen (token, expert) pairs only."""
     hidden = hidden_states.reshape(-1, self.hidden_dim)
     scores, logits = self.router(hidden)
-    index = torch.topk(logits, self.router.top_k, dim=1).indices  # the router's own choice
+    # The router's choice, read off its scores (zero off the chosen experts), so a replayed routing (which replays
+    # the router's own top-k) is the one used here; a chosen score that underflows to zero adds zero either way.
+    index = torch.topk(scores, self.router.top_k, dim=1).indices
     routed_in = hidden.unsqueeze(1) * scores.gather(1, index).unsqueeze(-1)  # [tokens, k, hidden], as the block scales
     pairs = routed_in.reshape(-1, self.hidden_dim)
     ones = torch.ones((pairs.shape[0], 1), dtype=scores.dtype, device=pairs.device)
