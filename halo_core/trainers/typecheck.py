@@ -48,21 +48,10 @@ def coerce(value: Any, annotation: Any) -> Any:
                     return kind(value)
                 except ValueError:
                     continue
-    if isinstance(value, int) and not isinstance(value, bool) and matches(0.5, annotation) and not _takes_whole_numbers(annotation):
-        # ``0`` for a float field: transformers' strict model configs refuse an int where TRL copies the value.
-        return float(value)
     if value is not None and not isinstance(value, (list, tuple, dict)) and not matches(value, annotation):
         if matches([coerce(value, _item_type(annotation))], annotation):
             return [coerce(value, _item_type(annotation))]
     return value
-
-
-def _takes_whole_numbers(annotation: Any) -> bool:
-    if annotation in (int, Any, typing.Any):
-        return True
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return any(_takes_whole_numbers(a) for a in typing.get_args(annotation))
-    return False
 
 
 def _item_type(annotation: Any) -> Any:
