@@ -85,8 +85,6 @@ def _sparse_forward(self: nn.Module, hidden_states: torch.Tensor):
 def wrap_moe_block(module: nn.Module, context):
     if context.ep == 1 and context.etp == 1:
         return None  # transformers' own block
-    from halo_core.parallel.expert_parallel import shard_experts
-
     # A config of the experts' own: transformers does not let a Llama 4 model switch experts implementations.
     config = copy.copy(context.model_config)
     config._experts_implementation_internal = "grouped_mm"
