@@ -45,10 +45,40 @@ def _sum_only(module) -> None:
     module.set_force_sum_reduction_for_comms(True)
 
 
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The modules of the classes the model names in ``_no_split_modules`` (also once FSDP2 has subclassed them)."""
+def _named_decoder_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules of the classes the model names in ``_no_split_modules`` (also once FSDP2 has subclassed them),
+    each after the ones inside it: FSDP2 takes a unit's parameters from the modules inside it that are units
+    already, and fails on one that an outer unit has taken (Qwen3-Omni names its audio encoder and the encoder's
+    layers both)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]
+    found: list[tuple[str, nn.Module]] = []
+
+    def visit(prefix: str, module: nn.Module) -> None:
+        for child_name, child in module.named_children():
+            visit(f"{prefix}.{child_name}" if prefix else child_name, child)
+        if prefix and any(cls.__name__ in names for cls in type(module).__mro__):
+            found.append((prefix, module))
+
+    visit("", model)
+    return found
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's layer units (see ``_named_decoder_layers``), inner ones first, siblings in order."""
+    return [module for _, module in _named_decoder_layers(model)]
+
+
+def _units(model: nn.Module, unit_layers: int) -> list[list[nn.Module]]:
+    """Consecutive sibling layers in groups of ``unit_layers`` (a group never spans two stacks)."""
+    units: list[list[nn.Module]] = []
+    parent = None
+    for name, layer in _named_decoder_layers(model):
+        here = name.rpartition(".")[0]
+        if not units or here != parent or len(units[-1]) == unit_layers:
+            units.append([])
+        units[-1].append(layer)
+        parent = here
+    return units
 
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module], unit_layers: int = 1,
@@ -63,9 +93,7 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
             fully_shard(experts, mesh=replicas)
             _sum_only(experts)
     dp_mesh = data_parallel_mesh(mesh)
-    layers = decoder_layers(model)
-    for first in range(0, len(layers), unit_layers):
-        unit = layers[first : first + unit_layers]
+    for unit in _units(model, unit_layers):
         fully_shard(unit if len(unit) > 1 else unit[0], mesh=dp_mesh, ignored_params=ignored)
         for layer in unit:
             _sum_only(layer)
