@@ -34,6 +34,7 @@ from halo_core.testing.equivalence import (
     _check_replicas,
     _float32_resolution,
     _float64_gradients,
+    seeded_forward,
     uneven_model,
 )
 from halo_core.testing.spawn import spawn
@@ -170,10 +171,10 @@ def check_composite_layout(registry, record, model_type: str, config: ParallelCo
         where = f"{config} rank {rank} (images, step {step + 1})"
         batches = image_batches(reference, dims.dp, seed + 100 * step)
         first = step == 0
-        truth = _float64_gradients(reference, batches) if first and rank == 0 else None
-        resolution = _float32_resolution(reference, batches) if first and rank == 0 else {}
+        truth = _float64_gradients(reference, batches, seed) if first and rank == 0 else None
+        resolution = _float32_resolution(reference, batches, seed) if first and rank == 0 else {}
         reference.zero_grad()
-        expected = [reference(**batch) for batch in batches]
+        expected = [seeded_forward(reference, batch, r, seed) for r, batch in enumerate(batches)]
         torch.stack([out.loss for out in expected]).mean().backward()
         expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
         scale = min(1.0, MAX_NORM / (expected_norm.item() + 1e-6))
@@ -187,7 +188,7 @@ def check_composite_layout(registry, record, model_type: str, config: ParallelCo
             _check_split(parallel, reference, vision, dims, where)
         mine, theirs = batches[coords["dp"]], expected[coords["dp"]]
         parallel.zero_grad()
-        out = parallel(**mine)
+        out = seeded_forward(parallel, mine, coords["dp"], seed)
         assert_close(out.logits, theirs.logits, f"{where}: logits")
         assert_close(out.loss, theirs.loss, f"{where}: loss")
         if getattr(out, "aux_loss", None) is not None:

@@ -15,6 +15,9 @@ such moves), or be no more than 4 times as far from the float64 gradient as the
 single-process float32 one is. After the step the ranks meant to
 hold the same copy of a parameter must hold the same values, so a copy that one rank
 alone updated wrongly cannot hide behind rank 0's state dict.
+Every forward of data-parallel batch ``r`` starts from the same random state, on one process and
+on the rank that runs it, so a router that samples its experts in training (PhiMoE's sparsemixer)
+draws the same samples in both; a layout that splits a sequence (CP) draws other ones.
 """
 
 from __future__ import annotations
@@ -107,17 +110,23 @@ def rank_batches(world: int, vocab_size: int, seed: int, multiple: int = 1, pack
     return batches
 
 
-def _gradients(model, batches) -> dict[str, torch.Tensor]:
+def seeded_forward(model, batch: dict, dp_rank: int, seed: int):
+    """``model(**batch)`` from the random state of data-parallel batch ``dp_rank`` (see the module docstring)."""
+    torch.manual_seed(seed + 7919 * (dp_rank + 1))
+    return model(**batch)
+
+
+def _gradients(model, batches, seed: int) -> dict[str, torch.Tensor]:
     model.zero_grad()
-    torch.stack([model(**batch).loss for batch in batches]).mean().backward()
+    torch.stack([seeded_forward(model, batch, r, seed).loss for r, batch in enumerate(batches)]).mean().backward()
     return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in model.named_parameters()}
 
 
-def _float32_resolution(model, batches, moves: int = 2) -> dict[str, float]:
+def _float32_resolution(model, batches, seed: int, moves: int = 2) -> dict[str, float]:
     """Per parameter, how far its single-process float32 gradient moves (relative) when every weight
     moves by one unit in the last place in a random direction: the worse of ``moves`` such moves.
     A sum whose terms cancel moves far, and no order of summation pins it down better than that."""
-    base = _gradients(copy.deepcopy(model), batches)
+    base = _gradients(copy.deepcopy(model), batches, seed)
     worst = dict.fromkeys(base, 0.0)
     for move in range(moves):
         generator = torch.Generator().manual_seed(move)
@@ -126,13 +135,13 @@ def _float32_resolution(model, batches, moves: int = 2) -> dict[str, float]:
             for p in moved.parameters():
                 up = torch.rand(p.shape, generator=generator) < 0.5
                 p.copy_(torch.nextafter(p, torch.where(up, torch.inf, -torch.inf).to(p.dtype)))
-        for name, grad in _gradients(moved, batches).items():
+        for name, grad in _gradients(moved, batches, seed).items():
             if base[name].abs().sum() > 0:
                 worst[name] = max(worst[name], relative_error(grad, base[name]))
     return worst
 
 
-def _float64_gradients(model, batches) -> dict[str, torch.Tensor] | None:
+def _float64_gradients(model, batches, seed: int) -> dict[str, torch.Tensor] | None:
     """The reference gradients computed in float64 (the truth both float32 runs approximate).
 
     ``None`` where the model cannot run in float64 (a module that casts to float32 itself,
@@ -141,7 +150,7 @@ def _float64_gradients(model, batches) -> dict[str, torch.Tensor] | None:
     exact = copy.deepcopy(model).double()
     exact.set_experts_implementation("eager")  # grouped_mm has no float64 kernel on the CPU
     try:
-        torch.stack([exact(**batch).loss for batch in batches]).mean().backward()
+        torch.stack([seeded_forward(exact, batch, r, seed).loss for r, batch in enumerate(batches)]).mean().backward()
     except RuntimeError:
         return None
     return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).float() for n, p in exact.named_parameters()}
@@ -207,9 +216,9 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     reference = copy.deepcopy(model)
     batches = rank_batches(dims.dp, text_config(model.config).vocab_size, seed, multiple=dims.cp, packed=packed)  # a composite keeps it on its text part
 
-    truth = _float64_gradients(model, batches) if rank == 0 else None
-    resolution = _float32_resolution(model, batches) if rank == 0 else {}
-    expected = [reference(**batch) for batch in batches]
+    truth = _float64_gradients(model, batches, seed) if rank == 0 else None
+    resolution = _float32_resolution(model, batches, seed) if rank == 0 else {}
+    expected = [seeded_forward(reference, batch, r, seed) for r, batch in enumerate(batches)]
     torch.stack([out.loss for out in expected]).mean().backward()
     expected_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), MAX_NORM)
     scale = min(1.0, MAX_NORM / (expected_norm.item() + 1e-6))
@@ -222,7 +231,7 @@ def _check_layout(registry, record, model_type, config: ParallelConfig, rank: in
     split = dict(labels=mine["labels"], position_ids=mine.get("position_ids"))
     inputs = {**context_parallel_inputs(mine["input_ids"], coords["cp"], dims.cp, **split), "use_cache": False} if dims.cp > 1 else mine
     chunk = slice(coords["cp"] * inputs["input_ids"].shape[1], (coords["cp"] + 1) * inputs["input_ids"].shape[1])
-    out = model(**inputs)
+    out = seeded_forward(model, inputs, coords["dp"], seed)
     assert_close(out.logits, theirs.logits[:, chunk], f"{where}: logits of sequence chunk {coords['cp']} of {dims.cp}")
     if dims.cp == 1:
         assert_close(out.loss, theirs.loss, f"{where}: loss")
