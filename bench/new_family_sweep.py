@@ -3,6 +3,7 @@
     python3 bench/new_family_sweep.py                      # scaffold, install into a temporary target, run its test
     python3 bench/new_family_sweep.py --quick              # scaffold only: did it read a tiny model's layout?
     python3 bench/new_family_sweep.py --types dbrx jetmoe --out sweep.json
+    python3 bench/new_family_sweep.py --jobs 4             # four types at once (a 16-core machine)
 
 For each type: ``render_family`` (what ``halo new-family sweep-TYPE --model-type TYPE`` does; ``--replace`` where a
 bundled plugin already claims the type, which is then disabled for the test), ``pip install --no-deps --target``
@@ -23,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
 from pathlib import Path
 
 #: Config fields that count experts: a type whose (text) config has one of them is an MoE type.
@@ -64,12 +67,13 @@ def claimed_by(model_type: str) -> str | None:
 
 
 def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
-    from halo_cli.scaffold import CANNOT_TRAIN_MARK, render_family
+    from halo_cli.scaffold import CANNOT_TRAIN_MARK, claimed_model_type, render_family
 
     name = "sweep-" + model_type.replace("_", "-")
-    replaces = claimed_by(model_type)
+    claims, _ = claimed_model_type(model_type)  # a text part with no head of its own: its composite
+    replaces = claimed_by(claims)
     started = time.monotonic()
-    row = {"model_type": model_type, "replaces": replaces}
+    row = {"model_type": model_type, "replaces": replaces, **({"claims": claims} if claims != model_type else {})}
     try:
         scaffold = render_family(name, model_type, root, replace=replaces)
     except Exception as exc:
@@ -118,16 +122,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="scaffold only: whether the scaffold read a tiny model's layout")
     parser.add_argument("--timeout", type=int, default=900, help="seconds for one generated test")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--jobs", type=int, default=1, help="types swept at once (each generated test starts up to 4 ranks)")
     args = parser.parse_args()
     types = args.types or moe_types()
     rows = []
-    with tempfile.TemporaryDirectory(prefix="halo-sweep-") as folder:
-        for model_type in types:
-            row = sweep_one(model_type, Path(folder), args.quick, args.timeout)
+    with tempfile.TemporaryDirectory(prefix="halo-sweep-") as folder, ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+        running = [pool.submit(sweep_one, model_type, Path(folder), args.quick, args.timeout) for model_type in types]
+        for future in as_completed(running):
+            row = future.result()
             rows.append(row)
-            print(f"{'pass' if row['passed'] else 'FAIL'}  {model_type:28} {row['stage']:9} {row.get('error', '')[:160]!r}", flush=True)
+            print(f"{'pass' if row['passed'] else 'FAIL'}  {row['model_type']:28} {row['stage']:9} {row.get('error', '')[:160]!r}", flush=True)
             if args.out:
-                args.out.write_text(json.dumps(rows, indent=1))
+                args.out.write_text(json.dumps(sorted(rows, key=lambda r: r["model_type"]), indent=1))
+    import transformers
+
+    print(f"transformers {transformers.__version__}")
     passed = sum(r["passed"] for r in rows)
     print(f"{passed} of {len(rows)} MoE types pass with no edits ({100 * passed / max(len(rows), 1):.0f}%)"
           f"{' (scaffold only: --quick)' if args.quick else ''}")

@@ -97,6 +97,24 @@ class ReadLayout:
 CANNOT_TRAIN_MARK = "TODO(halo new-family): cannot be trained as a causal LM"
 
 
+def claimed_model_type(model_type: str) -> tuple[str, str]:
+    """The model type a scaffold for ``model_type`` claims, and a docstring line saying why where it is another.
+
+    A text sub-config with no language-model class of its own (``qwen3_vl_moe_text``) is trained as part of its
+    composite, so the plugin is written for the composite that has one (``qwen3_vl_moe``)."""
+    if not _known_model_type(model_type):
+        return model_type, ""
+    from halo_core.hf_config import composites_of, language_model_class
+
+    if not language_model_class(model_type).missing:
+        return model_type, ""
+    for parent in composites_of(model_type):
+        if not language_model_class(parent).missing:
+            return parent, (f"`{model_type}` is the text part of `{parent}` and has no language-model head of its own, "
+                            f"so this plugin claims `{parent}`, trained whole.\n\n")
+    return model_type, ""
+
+
 def _language_model_attention(attention: tuple[str, ...], blocks: tuple[str, ...]) -> tuple[str, ...]:
     """The attention patterns in the MoE blocks' layer stack (``model.language_model.layers.*``), so that a
     vision-language model's vision or audio tower attention is not declared for context parallelism."""
@@ -158,6 +176,7 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
             f"(it is the config's `model_type`), or pass --allow-unknown-model-type for architectures "
             f"that ship their own modeling code"
         )
+    model_type, part_of_note = claimed_model_type(model_type)
     replaces = replaced_distribution(model_type, replace)
     read = _read_layout(model_type)
     values = {
@@ -172,7 +191,8 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "name_literal": repr(names.family),
         "model_type_literal": repr(model_type),
         "splits_literal": "{'ep'}" if read.found_moe else "",
-        "replaces_note": _replaces_note(replaces, model_type),
+        "replaces_note": part_of_note + _replaces_note(replaces, model_type),
+        "part_of_note": part_of_note,
         "model_class_field": f"\n        model_class={read.declared_class!r}," if read.declared_class else "",
         "cannot_train_note": f"{CANNOT_TRAIN_MARK}: {read.cannot_train}.\n\n" if read.cannot_train else "",
         "test_import": "import pytest" if read.cannot_train else "from halo_core.testing import check_family",

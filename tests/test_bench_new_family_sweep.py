@@ -38,13 +38,21 @@ def test_a_vision_language_type_scaffolds_with_its_class_and_only_the_language_m
     assert "attention='model.language_model.layers.*.self_attn'" in source  # not the vision tower's
 
 
+def test_a_text_part_with_no_head_of_its_own_scaffolds_its_composite(sweep, tmp_path):
+    row = sweep.sweep_one("qwen3_vl_moe_text", tmp_path, quick=True, timeout=60)
+    assert row["passed"] and row["found_moe"] and row["claims"] == "qwen3_vl_moe", row
+    assert row["replaces"] == "halo-plugin-qwen3-vl-moe" and row["model_class"] == "Qwen3VLMoeForConditionalGeneration", row
+    source = (tmp_path / "halo-plugin-sweep-qwen3-vl-moe-text" / "halo_plugin_sweep_qwen3_vl_moe_text" / "__init__.py").read_text()
+    assert "model_types=('qwen3_vl_moe',)" in source and "`qwen3_vl_moe_text` is the text part of `qwen3_vl_moe`" in source
+
+
 def test_a_type_with_no_language_model_head_is_marked_in_the_plugin_and_its_test(sweep, tmp_path):
     from halo_cli.scaffold import CANNOT_TRAIN_MARK
 
-    row = sweep.sweep_one("qwen3_vl_moe_text", tmp_path, quick=True, timeout=60)
+    row = sweep.sweep_one("vitpose_backbone", tmp_path, quick=True, timeout=60)
     assert not row["passed"] and row["trainable"] is False, row
-    project = tmp_path / "halo-plugin-sweep-qwen3-vl-moe-text"
-    source = (project / "halo_plugin_sweep_qwen3_vl_moe_text" / "__init__.py").read_text()
-    assert CANNOT_TRAIN_MARK in source and "Qwen3VLMoeTextModel" in source and "(qwen3_vl_moe)" in source
+    project = tmp_path / "halo-plugin-sweep-vitpose-backbone"
+    source = (project / "halo_plugin_sweep_vitpose_backbone" / "__init__.py").read_text()
+    assert CANNOT_TRAIN_MARK in source and "VitPoseBackbone" in source
     test = next((project / "tests").glob("test_*.py")).read_text()
     assert "pytest.fail(" in test and CANNOT_TRAIN_MARK in test
