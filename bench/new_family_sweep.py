@@ -28,32 +28,23 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
-#: Config fields that count experts: a type whose (text) config has one of them is an MoE type.
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
-
-
 def moe_types() -> list[str]:
     """Every model type whose default config (its text config, for a composite) counts experts."""
     import warnings
 
     from transformers import CONFIG_MAPPING, AutoConfig
 
-    from halo_core.hf_config import text_config
+    from halo_core.hf_config import counts_experts
 
     found = []
     for model_type in sorted(CONFIG_MAPPING.keys()):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                config = AutoConfig.for_model(model_type)
-                fields = {**config.to_dict(), **text_config(config).to_dict()}
-        except Exception:  # a config that cannot build with its defaults is reported by its own row
-            fields = {}
-        # The field's presence decides, not its default (hunyuan_v1_moe's is 1, dots1's None); one level of nested
-        # sub-configs too (dbrx keeps its experts under ffn_config).
-        nested = [v for v in fields.values() if isinstance(v, dict)]
-        if any(k in f for f in (fields, *nested) for k in EXPERT_COUNT_KEYS):
-            found.append(model_type)
+                if counts_experts(AutoConfig.for_model(model_type)):
+                    found.append(model_type)
+        except Exception:  # a config that cannot build with its defaults is not counted
+            pass
     return found
 
 
@@ -67,7 +58,7 @@ def claimed_by(model_type: str) -> str | None:
 
 
 def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
-    from halo_cli.scaffold import CANNOT_TRAIN_MARK, claimed_model_type, render_family
+    from halo_cli.scaffold import CANNOT_TRAIN_MARK, MARK, claimed_model_type, render_family
 
     name = "sweep-" + model_type.replace("_", "-")
     claims, _ = claimed_model_type(model_type)  # a text part with no head of its own: its composite
@@ -80,13 +71,13 @@ def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
         return {**row, "stage": "scaffold", "passed": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
     source = next(scaffold.path.glob("halo_plugin_*/__init__.py")).read_text()
     row["trainable"] = CANNOT_TRAIN_MARK not in source
-    row["read_layout"] = row["trainable"] and "could not build a tiny model" not in source
+    row["marked"] = next((line.strip() for line in source.splitlines() if line.startswith(MARK)), None)
+    row["read_layout"] = row["marked"] is None
     row["found_moe"] = "splits=frozenset({'ep'})" in source  # the layout reading found MoE blocks (else no EP split)
     row["model_class"] = next((line.split("=", 1)[1].strip(" ',") for line in source.splitlines() if line.strip().startswith("model_class=")), None)
     if quick:
-        note = next((line.strip() for line in source.splitlines() if "could not build a tiny model" in line or line.startswith(CANNOT_TRAIN_MARK)), "")
         return {**row, "stage": "scaffold", "passed": row["read_layout"], "seconds": round(time.monotonic() - started, 1),
-                **({"error": note} if note else {})}
+                **({"error": row["marked"]} if row["marked"] else {})}
     target = root / f"site-{model_type}"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--target",
                               str(target), str(scaffold.path)], capture_output=True, text=True)
@@ -140,10 +131,15 @@ def main() -> None:
     passed = sum(r["passed"] for r in rows)
     print(f"{passed} of {len(rows)} MoE types pass with no edits ({100 * passed / max(len(rows), 1):.0f}%)"
           f"{' (scaffold only: --quick)' if args.quick else ''}")
-    untrainable = [r["model_type"] for r in rows if r.get("trainable") is False]
+    marked = [r for r in rows if r.get("marked")]
+    parts = [r for r in rows if r.get("claims")]
     no_moe = [r["model_type"] for r in rows if r["passed"] and not r.get("found_moe")]
-    if untrainable:
-        print(f"{len(untrainable)} have no class with a language-model head (the scaffold says so): {' '.join(untrainable)}")
+    if marked:
+        print(f"{len(marked)} scaffolds carry a marked spot (their test fails with it):")
+        for r in sorted(marked, key=lambda r: r["model_type"]):
+            print(f"  {r['model_type']:28} {r['marked'][:150]}")
+    if parts:
+        print(f"{len(parts)} text parts were scaffolded as their composite: {' '.join(r['model_type'] + '->' + r['claims'] for r in parts)}")
     if no_moe:
         print(f"{len(no_moe)} of those passing read no MoE block (their scaffold declares no 'ep' split): {' '.join(no_moe)}")
 

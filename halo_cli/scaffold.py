@@ -7,6 +7,7 @@ so the scaffold is right for the common case before its author writes a line.
 from __future__ import annotations
 
 import keyword
+import re
 import shlex
 import sys
 from dataclasses import dataclass
@@ -89,12 +90,18 @@ class ReadLayout:
     found_moe: bool
     #: The ``Family.model_class`` to declare: ``None`` where ``AutoModelForCausalLM`` maps the config.
     declared_class: str | None = None
-    #: Why the model type cannot be trained as a causal LM (no class puts a language-model head on it), else ``None``.
-    cannot_train: str | None = None
+    #: What the scaffold could not determine, as the marked spot the plugin's docstring and test carry, else ``None``.
+    marked: str | None = None
 
 
-#: The marked spot a scaffold of a type that cannot be trained as a causal LM carries (docstring and test).
-CANNOT_TRAIN_MARK = "TODO(halo new-family): cannot be trained as a causal LM"
+#: How every spot a scaffold could not fill in starts (in the plugin's docstring, and its test fails with it).
+MARK = "TODO(halo new-family)"
+#: The marked spot of a type that cannot be trained as a causal LM (no class puts a language-model head on it).
+CANNOT_TRAIN_MARK = f"{MARK}: cannot be trained as a causal LM"
+#: The marked spot of a type whose config counts experts where no module is at transformers' experts interface.
+NO_MOE_MARK = f"{MARK}: no MoE block at transformers' experts interface"
+#: The marked spot of a type the scaffold could not build a tiny model of.
+NO_TINY_MARK = f"{MARK}: could not build a tiny model"
 
 
 def claimed_model_type(model_type: str) -> tuple[str, str]:
@@ -135,16 +142,18 @@ def _read_layout(model_type: str) -> ReadLayout:
         lm = None
     if lm is not None and lm.missing:
         note = "- nothing: no class of this model type has a language-model head (see below); the fields are the common-case defaults"
-        return ReadLayout(fallback, "?", note, found_moe=False, cannot_train=lm.missing)
+        return ReadLayout(fallback, "?", note, found_moe=False, marked=f"{CANNOT_TRAIN_MARK}: {lm.missing}")
     declared = lm.name if lm is not None else None
     try:
-        from halo_core.layout import infer_layout
+        from halo_core.hf_config import counts_experts
+        from halo_core.layout import infer_layout, name_pattern
         from halo_core.tiny import tiny_model
 
         model = tiny_model(model_type, device="meta", model_class=declared)
     except Exception as exc:  # unknown or custom architectures: keep the common-case defaults
-        note = f"- could not build a tiny model ({type(exc).__name__}: {exc}); fields below are the common-case defaults, check them"
-        return ReadLayout(fallback, "?", note, found_moe=False, declared_class=declared)
+        note = "- nothing: no tiny model (see below); the fields are the common-case defaults, check them"
+        marked = f"{NO_TINY_MARK} ({type(exc).__name__}: {exc}); set its size-reducing overrides in ``tiny_config``"
+        return ReadLayout(fallback, "?", note, found_moe=False, declared_class=declared, marked=marked)
     inferred = dict(infer_layout(model))
     inferred["attention"] = _language_model_attention(inferred["attention"], inferred["moe_block"])
     layout = {**fallback, **{k: v for k, v in inferred.items() if v}}
@@ -155,7 +164,18 @@ def _read_layout(model_type: str) -> ReadLayout:
     ]
     if declared:
         lines.append(f"- built with `{declared}` ({lm.found}): `AutoModelForCausalLM` does not map this config")
-    return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared)
+    marked = None
+    if not inferred["moe_block"] and counts_experts(model.config):
+        looks = list(dict.fromkeys(name_pattern(n) for n, m in model.named_modules() if _EXPERT_LIKE.search(type(m).__name__)))
+        marked = (f"{NO_MOE_MARK}: the config counts experts, but no module holds fused 3-D expert weights beside a "
+                  f"router{' (expert-like modules: ' + ', '.join(looks[:4]) + ')' if looks else ''}; declare moe_block, "
+                  f"router and experts, and implement wrap_moe_block to put the experts at the interface, as "
+                  f"halo-plugin-dbrx and halo-plugin-llama4 do")
+    return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared, marked=marked)
+
+
+#: Class names of modules that hold experts in some layout of their own (``DbrxExperts``, ``JetMoeMoE``).
+_EXPERT_LIKE = re.compile(r"Expert|MoE|Moe")
 
 
 def _literal(value) -> str:
@@ -194,15 +214,18 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "replaces_note": part_of_note + _replaces_note(replaces, model_type),
         "part_of_note": part_of_note,
         "model_class_field": f"\n        model_class={read.declared_class!r}," if read.declared_class else "",
-        "cannot_train_note": f"{CANNOT_TRAIN_MARK}: {read.cannot_train}.\n\n" if read.cannot_train else "",
-        "test_import": "import pytest" if read.cannot_train else "from halo_core.testing import check_family",
-        "test_body": (f"pytest.fail({CANNOT_TRAIN_MARK + ': ' + read.cannot_train!r})" if read.cannot_train
-                      else f"check_family({names.family!r})"),
+        "marked_note": f"{_docstring_safe(read.marked)}.\n\n" if read.marked else "",
+        "test_import": "import pytest" if read.marked else "from halo_core.testing import check_family",
+        "test_body": f"pytest.fail({read.marked!r})" if read.marked else f"check_family({names.family!r})",
         **{f"{k}_literal": _literal(v) for k, v in read.fields.items()},
     }
     template_root = files("halo_cli.templates") / "family"
     _render_tree(template_root, target, values, names.package)
     return Scaffold(target, names.family, replaces)
+
+
+def _docstring_safe(text: str) -> str:
+    return text.replace("\\", "/").replace('"' * 3, "'" * 3)
 
 
 def _replaces_note(replaces: str | None, model_type: str) -> str:

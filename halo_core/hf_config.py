@@ -19,6 +19,18 @@ LM_MAPPINGS = (
 LM_HEAD_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 
+#: Config fields that count experts: a model type whose (text) config has one of them is an MoE type.
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_routed_experts")
+
+
+def counts_experts(config) -> bool:
+    """Whether ``config`` (or its text part, or one nested sub-config: DBRX's ``ffn_config``) has an expert-count
+    field. Its presence decides, not its value (``hunyuan_v1_moe``'s default is 1, ``dots1``'s ``None``)."""
+    fields = {**config.to_dict(), **text_config(config).to_dict()}
+    nested = [v for v in fields.values() if isinstance(v, dict)]
+    return any(key in f for f in (fields, *nested) for key in EXPERT_COUNT_KEYS)
+
+
 def text_config(config):
     """The language model's config: a composite (vision-language) config's text part, else the config itself."""
     getter = getattr(config, "get_text_config", None)

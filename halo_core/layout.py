@@ -52,16 +52,30 @@ def _fused_expert_count(module: nn.Module) -> int | None:
     return leading[0] if len(leading) >= 2 and len(set(leading)) == 1 else None
 
 
-def router_weight(router: nn.Module, num_experts: int) -> nn.Parameter | None:
-    """The router's ``[num_experts, hidden]`` projection: its own ``weight`` or that of a child (``router.proj``)."""
-    for _, module in [("", router), *router.named_modules()]:
-        weight = getattr(module, "weight", None)
-        if isinstance(weight, nn.Parameter) and weight.dim() == 2 and weight.shape[0] == num_experts:
-            return weight
-    return None
+def router_weight(router: nn.Module, num_experts: int, extra_classes: bool = False) -> nn.Parameter | None:
+    """The router's ``[num_experts, hidden]`` projection: its own ``weight`` or that of a child (``router.proj``).
+    ``extra_classes``: failing that, one with more rows, for a router that also scores classes with no weights
+    (LongCat-Flash's zero experts, which pass their input through)."""
+    weights = [getattr(m, "weight", None) for m in router.modules()]
+    weights = [w for w in weights if isinstance(w, nn.Parameter) and w.dim() == 2]
+    exact = [w for w in weights if w.shape[0] == num_experts]
+    more = [w for w in weights if w.shape[0] > num_experts] if extra_classes else []
+    return (exact or more or [None])[0]
 
 
-def _pattern(name: str) -> str:
+#: A MoE block's child that routes, by its name or its class's name, where its weight has more rows than there are experts.
+_ROUTER_NAME = re.compile(r"(router|gate|gating)$", re.IGNORECASE)
+
+
+def _router_child(block: nn.Module, experts: nn.Module, count: int) -> str | None:
+    siblings = [(name, child) for name, child in block.named_children() if child is not experts]
+    exact = [name for name, child in siblings if router_weight(child, count) is not None]
+    named = [name for name, child in siblings if _ROUTER_NAME.search(name) or _ROUTER_NAME.search(type(child).__name__)]
+    wider = [name for name in named if router_weight(dict(siblings)[name], count, extra_classes=True) is not None]
+    return (exact or wider or named or [None])[0]
+
+
+def name_pattern(name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in name.split("."))
 
 
@@ -73,23 +87,22 @@ def infer_layout(model: nn.Module) -> dict[str, tuple[str, ...] | str]:
     """Read a family declaration's layout fields off an instantiated model.
 
     A MoE block is a module with a child holding fused 3-D expert weights; its router
-    is the sibling whose weight has one row per expert. Attention modules are those
+    is the sibling whose weight has one row per expert, else one named or classed as a
+    router or gate (its weight wider, its scores from an MLP). Attention modules are those
     whose class name ends in ``Attention``. Used by ``halo new-family`` to fill in a
     scaffold; a human confirms the result.
     """
     blocks, routers, experts, attention = [], [], [], []
     for name, module in model.named_modules():
         if type(module).__name__.endswith("Attention"):
-            attention.append(_pattern(name))
+            attention.append(name_pattern(name))
         for child_name, child in module.named_children():
             count = _fused_expert_count(child)
-            if count is None:
-                continue
-            for router_name, router in module.named_children():
-                if router is not child and router_weight(router, count) is not None:
-                    blocks.append(_pattern(name))
-                    routers.append(router_name)
-                    experts.append(child_name)
+            router_name = _router_child(module, child, count) if count is not None else None
+            if router_name is not None:
+                blocks.append(name_pattern(name))
+                routers.append(router_name)
+                experts.append(child_name)
     layout: dict[str, tuple[str, ...] | str] = {"moe_block": _unique(blocks), "attention": _unique(attention)}
     if routers:
         layout["router"] = routers[0]

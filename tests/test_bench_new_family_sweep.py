@@ -56,3 +56,21 @@ def test_a_type_with_no_language_model_head_is_marked_in_the_plugin_and_its_test
     assert CANNOT_TRAIN_MARK in source and "VitPoseBackbone" in source
     test = next((project / "tests").glob("test_*.py")).read_text()
     assert "pytest.fail(" in test and CANNOT_TRAIN_MARK in test
+
+
+def test_a_type_whose_experts_are_not_at_the_interface_is_marked_with_what_looks_like_experts(sweep, tmp_path):
+    from halo_cli.scaffold import NO_MOE_MARK
+
+    row = sweep.sweep_one("switch_transformers", tmp_path, quick=True, timeout=60)
+    assert not row["passed"] and row["marked"].startswith(NO_MOE_MARK), row
+    assert ".mlp.experts" in row["marked"], row  # where its experts are, each an MLP of its own
+    project = tmp_path / "halo-plugin-sweep-switch-transformers"
+    test = next((project / "tests").glob("test_*.py")).read_text()
+    assert "pytest.fail(" in test and NO_MOE_MARK in test
+
+
+def test_a_router_with_more_rows_than_experts_is_read_as_the_router(sweep, tmp_path):
+    row = sweep.sweep_one("longcat_flash", tmp_path, quick=True, timeout=60)  # its zero experts are scored too
+    assert row["passed"] and row["found_moe"], row
+    source = (tmp_path / "halo-plugin-sweep-longcat-flash" / "halo_plugin_sweep_longcat_flash" / "__init__.py").read_text()
+    assert "router='router'" in source and "experts='experts'" in source

@@ -19,7 +19,7 @@ from torch import nn
 def starve_experts(router: nn.Module, num_experts: int, starved: list[int], top_k: int) -> None:
     from halo_core.layout import router_weight
 
-    weight = router_weight(router, num_experts)
+    weight = router_weight(router, num_experts, extra_classes=True)
     biases = [t for n, t in [*router.named_parameters(), *router.named_buffers()] if t.dim() == 1 and t.shape[0] in (num_experts, num_experts + 1) and "bias" in n]
     if weight is None and not biases:
         raise ValueError(f"{type(router).__name__} has neither a [{num_experts}, hidden] projection nor a per-expert bias to set")
