@@ -335,7 +335,10 @@ def _rotary(default, fields: Mapping[str, Any], kwargs: Mapping[str, Any]) -> di
                     extra[kv] = min(kwargs[kv], extra[heads_key])
     half = int(head * factor) // 2
     new = [max(1, s * half // sum(section)) for s in section]
-    new[0] += half - sum(new)
+    # The rounding's remainder goes to a section no other equals, so sections the modeling pairs stay equal
+    # (Ernie-4.5-VL interleaves its two spatial sections, [22, 22, 20] by default).
+    single = [i for i, s in enumerate(section) if section.count(s) == 1]
+    new[single[-1] if single and section[0] in section[1:] else 0] += half - sum(new)
     return {**extra, "rope_parameters": {**rope, "mrope_section": new}}
 
 
@@ -350,6 +353,35 @@ def _sub_config_base(sub) -> dict[str, Any]:
     return {k: v for k, v in sub.to_dict().items() if k not in skip and k in own and own[k] != v and not isinstance(v, dict)}
 
 
+#: A tiny stack's layer period: every second layer (Jamba's attention every 8th from the 4th keeps none of 2 layers).
+TINY_PERIOD = 2
+#: The window of a tiny model whose layer pattern has sliding-window layers but whose default leaves the window unset.
+TINY_SLIDING_WINDOW = 4
+
+
+def _layer_periods(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """``X_layer_period`` / ``X_layer_offset`` pairs cut to a period of ``TINY_PERIOD``, so that each kind of layer
+    they place (attention, experts) is in the tiny stack."""
+    out = {}
+    for key, period in fields.items():
+        if key.endswith("_layer_period") and isinstance(period, int) and period > TINY_PERIOD:
+            out[key] = TINY_PERIOD
+            offset = key.removesuffix("period") + "offset"
+            if isinstance(fields.get(offset), int):
+                out[offset] = fields[offset] % TINY_PERIOD
+    return out
+
+
+def _sliding_window(fields: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A window for sliding-window attention the default places (its layer pattern) or sizes (Step3p7's
+    ``num_sliding_attention_heads``, whose model builds a sliding mask whatever the pattern) but leaves the window
+    of unset, which the mask builder refuses; where the default sets one, it is kept."""
+    kinds = kwargs.get("layer_types", fields.get("layer_types")) or ()
+    sliding = any(isinstance(kind, str) and "sliding" in kind for kind in kinds)
+    sliding = sliding or any("sliding" in key and key != "sliding_window" and value not in (None, False, 0) for key, value in fields.items())
+    return {"sliding_window": TINY_SLIDING_WINDOW} if sliding and "sliding_window" in fields and fields["sliding_window"] is None else {}
+
+
 def _tiny_kwargs(default, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The tiny sizes of ``default`` and its sub-configs; ``overrides`` only steer which layers are kept."""
     overrides = overrides or {}
@@ -358,6 +390,8 @@ def _tiny_kwargs(default, overrides: Mapping[str, Any] | None = None) -> dict[st
     kwargs = _sizes(fields, aliases)
     kwargs.update(_layers(default, fields, aliases, kwargs.get(aliases.get("num_hidden_layers", "num_hidden_layers")), overrides))
     kwargs.update(_rotary(default, fields, kwargs))
+    kwargs.update(_layer_periods(fields))
+    kwargs.update(_sliding_window(fields, kwargs))
     text = text_config(default)
     for name in getattr(default, "sub_configs", None) or {}:  # composite models: shrink the text (and other) parts too
         sub = getattr(default, name, None)
