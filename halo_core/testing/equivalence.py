@@ -81,7 +81,14 @@ def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = T
         text = text_config(tiny_config(model_type, dict(family.tiny_config)))
         if getattr(text, "num_key_value_heads", None) and text.num_key_value_heads % head_split:
             kit["num_key_value_heads"] = text.num_attention_heads
-    model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed).train()  # the family's needs win
+    try:
+        model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed)  # the family's needs win
+    except Exception as exc:  # a config that refuses the kit's top-k (Zaya takes one expert per token only): its own
+        key = top_k_key(model_type)
+        if key is None or key not in str(exc):
+            raise
+        model = tiny_model(model_type, {**{k: v for k, v in kit.items() if k != key}, **family.tiny_config}, model_class=family.model_class, seed=seed)
+    model.train()
     top_k = config_top_k(model.config)
     _, block = find_moe_blocks(model, family)[0]
     num_experts = count_experts(getattr(block, family.experts))
