@@ -82,15 +82,25 @@ def _units(model: nn.Module, unit_layers: int) -> list[list[nn.Module]]:
 
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_modules: list[nn.Module], unit_layers: int = 1,
-               expert_params: frozenset[str] = frozenset()) -> None:
-    """``expert_params``: the names of the parameters EP shards (the layout's ``expert_params``)."""
+               expert_params: frozenset[str] = frozenset()) -> frozenset[str]:
+    """``expert_params``: the names of the parameters EP shards (the layout's ``expert_params``).
+
+    Returns the names of the parameters left outside FSDP2 (for the layout's ``outside_fsdp``): those of an experts
+    module that every expert shares (MuseSpark's ``post_expert_norm``). Each rank's gradient for one of those comes
+    from the rows its experts ran, sent from every rank, so it sums over all data-parallel ranks, not over the expert
+    replicas the experts' unit reduces over; they stay whole, and ``sync_gradients`` sums them over ``dp``."""
     replicas = expert_replica_mesh(mesh)
     ignored = set()
+    shared: set[str] = set()
+    expert_tensors = {model.get_parameter(name) for name in expert_params}
     if replicas.size() == 1:  # each rank holds its experts alone: nothing to shard
-        ignored = {model.get_parameter(name) for name in expert_params}
+        ignored = expert_tensors
     else:
+        names = {id(p): n for n, p in model.named_parameters()}
         for experts in expert_modules:
-            fully_shard(experts, mesh=replicas)
+            common = [p for p in experts.parameters() if p not in expert_tensors]
+            shared |= {names[id(p)] for p in common if id(p) in names}
+            fully_shard(experts, mesh=replicas, ignored_params=set(common))
             _sum_only(experts)
     dp_mesh = data_parallel_mesh(mesh)
     for unit in _units(model, unit_layers):
@@ -108,6 +118,7 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
             _shard_head(model.base_model, head, dp_mesh)
     fully_shard(model, mesh=dp_mesh, ignored_params=ignored)
     _sum_only(model)
+    return frozenset(shared)
 
 
 def _plain_lookup(embeddings: nn.Module) -> bool:

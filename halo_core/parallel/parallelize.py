@@ -88,7 +88,7 @@ def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules
     etp_whole = frozenset(f"{name}.{p}" for name, shard in experts.items() if shard.etp_size > 1 for p in shard.etp_whole)
     tp_partial = tensor_parallel.partial_gradient_parameters(model, family) if dims.tp > 1 else frozenset()
     use_fsdp = config.fsdp and mesh is not None
-    if use_fsdp:
-        apply_fsdp(model, dims, mesh, [m for _, m in expert_modules], config.fsdp_unit_layers, expert_params)
-    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial, experts=experts, attention=attention))
+    outside = apply_fsdp(model, dims, mesh, [m for _, m in expert_modules], config.fsdp_unit_layers, expert_params) if use_fsdp else frozenset()
+    attach(model, ModelLayout(dims, mesh, expert_params, fsdp=use_fsdp, etp_whole=etp_whole, tp_partial=tp_partial, experts=experts,
+                              attention=attention, outside_fsdp=outside))
     return model
