@@ -50,16 +50,28 @@ def replaced_distribution(model_type: str, replace: str | None) -> str | None:
 
     claimants = [r for r in discover(strict=False).records if r.family and model_type in r.family.model_types]
     named = [r for r in claimants if replace in {r.name, r.entry_point, r.distribution}]
-    others = [r for r in claimants if r not in named]
+    _refuse_others(model_type, [r for r in claimants if r not in named])
+    if replace and not named:
+        raise ScaffoldError(f"--replace {replace}: no installed plugin claims model type {model_type!r}, so there is nothing to replace; drop --replace")
+    return named[0].distribution if named else None
+
+
+def _refuse_others(model_type: str, others: list) -> None:
     if others:
         other = others[0]
         raise ScaffoldError(
             f"model type {model_type!r} is already claimed by the installed plugin {other.name!r} ({other.distribution}); "
             f"scaffold another model type, or pass --replace {other.name} for a plugin meant to be installed instead of it"
         )
-    if replace and not named:
-        raise ScaffoldError(f"--replace {replace}: no installed plugin claims model type {model_type!r}, so there is nothing to replace; drop --replace")
-    return named[0].distribution if named else None
+
+
+def _refuse_claimed_part(model_type: str, replaces: str | None) -> None:
+    """The text part a composite's causal-LM class builds is claimed too: refuse it where a plugin other than the
+    replaced one claims it."""
+    from halo_core.registry import discover
+
+    _refuse_others(model_type, [r for r in discover(strict=False).records
+                                if r.family and model_type in r.family.model_types and r.distribution != replaces])
 
 
 @dataclass(frozen=True)
@@ -92,6 +104,9 @@ class ReadLayout:
     declared_class: str | None = None
     #: What the scaffold could not determine, as the marked spot the plugin's docstring and test carry, else ``None``.
     marked: str | None = None
+    #: The model type of the config the class builds on, where it is another (a composite's causal-LM class takes
+    #: its text part: ``Qwen3_5MoeForCausalLM`` builds ``qwen3_5_moe_text``), claimed too.
+    built_type: str | None = None
 
 
 #: How every spot a scaffold could not fill in starts (in the plugin's docstring, and its test fails with it).
@@ -171,7 +186,11 @@ def _read_layout(model_type: str) -> ReadLayout:
                   f"router{' (expert-like modules: ' + ', '.join(looks[:4]) + ')' if looks else ''}; declare moe_block, "
                   f"router and experts, and implement wrap_moe_block to put the experts at the interface, as "
                   f"halo-plugin-dbrx and halo-plugin-llama4 do")
-    return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared, marked=marked)
+    built = getattr(model.config, "model_type", model_type)
+    if built != model_type:
+        lines.append(f"- `{type(model).__name__}` builds on the `{built}` part of the config: claimed too")
+    return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared,
+                      marked=marked, built_type=built if built != model_type else None)
 
 
 #: Class names of modules that hold experts in some layout of their own (``DbrxExperts``, ``JetMoeMoE``).
@@ -199,6 +218,8 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
     model_type, part_of_note = claimed_model_type(model_type)
     replaces = replaced_distribution(model_type, replace)
     read = _read_layout(model_type)
+    if read.built_type:
+        _refuse_claimed_part(read.built_type, replaces)
     values = {
         "name": names.family,
         "distribution": names.distribution,
@@ -209,7 +230,7 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "core_version": halo_core.__version__,
         "api_version": PLUGIN_API_VERSION,
         "name_literal": repr(names.family),
-        "model_type_literal": repr(model_type),
+        "model_types_literal": ", ".join(repr(t) for t in (model_type, read.built_type) if t) + ("," if not read.built_type else ""),
         "splits_literal": "{'ep'}" if read.found_moe else "",
         "replaces_note": part_of_note + _replaces_note(replaces, model_type),
         "part_of_note": part_of_note,
