@@ -185,7 +185,7 @@ def _read_layout(model_type: str) -> ReadLayout:
         marked = (f"{NO_MOE_MARK}: the config counts experts, but no module holds fused 3-D expert weights beside a "
                   f"router{' (expert-like modules: ' + ', '.join(looks[:4]) + ')' if looks else ''}; declare moe_block, "
                   f"router and experts, and implement wrap_moe_block to put the experts at the interface, as "
-                  f"halo-plugin-dbrx and halo-plugin-llama4 do")
+                  f"halo-plugin-llama4 does for Llama 4's")
     built = getattr(model.config, "model_type", model_type)
     if built != model_type:
         lines.append(f"- `{type(model).__name__}` builds on the `{built}` part of the config: claimed too")
