@@ -74,3 +74,10 @@ def test_a_router_with_more_rows_than_experts_is_read_as_the_router(sweep, tmp_p
     assert row["passed"] and row["found_moe"], row
     source = (tmp_path / "halo-plugin-sweep-longcat-flash" / "halo_plugin_sweep_longcat_flash" / "__init__.py").read_text()
     assert "router='router'" in source and "experts='experts'" in source
+
+
+def test_a_composite_whose_causal_lm_class_builds_on_its_text_part_claims_that_type_too(sweep, tmp_path):
+    row = sweep.sweep_one("qwen4_exp", tmp_path, quick=True, timeout=60)  # AutoModelForCausalLM: Qwen4ExpForCausalLM
+    assert row["passed"] and row["found_moe"], row
+    source = (tmp_path / "halo-plugin-sweep-qwen4-exp" / "halo_plugin_sweep_qwen4_exp" / "__init__.py").read_text()
+    assert "model_types=('qwen4_exp', 'qwen4_exp_text')" in source

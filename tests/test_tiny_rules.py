@@ -1,0 +1,24 @@
+"""Generic rules of ``halo_core.tiny`` that types with no family overrides need (found by the new-family sweep)."""
+
+import torch
+
+from halo_core.tiny import tiny_config, tiny_model
+
+
+def test_layer_periods_are_cut_so_the_tiny_stack_has_attention_and_experts():
+    config = tiny_config("jamba")  # attention every 8th layer from the 4th by default: none in two layers
+    kinds = ["attention" if i % config.attn_layer_period == config.attn_layer_offset else "mamba" for i in range(config.num_hidden_layers)]
+    experts = [i % config.expert_layer_period == config.expert_layer_offset for i in range(config.num_hidden_layers)]
+    assert "attention" in kinds and any(experts), (kinds, experts)
+
+
+def test_a_sliding_window_the_default_sizes_but_leaves_unset_is_given_one():
+    model = tiny_model("step3p7", model_class="Step3p7ForConditionalGeneration")
+    assert model.config.get_text_config().sliding_window
+    ids = torch.randint(0, 100, (2, 7))
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
+
+
+def test_rotary_sections_the_modeling_pairs_stay_equal():
+    section = tiny_config("ernie4_5_vl_moe").get_text_config().rope_parameters["mrope_section"]
+    assert section[0] == section[1], section  # the two spatial sections are interleaved
