@@ -74,6 +74,9 @@ class Family:
     #: Tensor-parallel plan (module-name patterns -> ``"colwise"``/``"rowwise"``), where the config's
     #: ``base_model_tp_plan`` is missing or wrong for this family; empty = use the config's.
     tp_plan: Mapping[str, str] = field(default_factory=dict)
+    #: False where the routers choose experts without ``torch.topk`` (PhiMoE's sparsemixer samples them), which is
+    #: where GRPO's routing replay hooks in: such a family trains GRPO without replay, and the kit checks the claim.
+    routing_replay: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_types", _as_tuple(self.model_types))

@@ -203,6 +203,19 @@ def test_a_bad_run_is_refused_before_start_with_its_field(tmp_path, overrides, e
     assert says in str(caught.value) and "\n" not in str(caught.value)
 
 
+def test_routing_replay_written_on_is_refused_for_a_family_that_cannot_replay(tmp_path):
+    """PhiMoE's routers sample experts without torch.topk (its family declares routing_replay=False): replay written
+    on is refused before start; left at its default it is off for that family, and the run is accepted."""
+    from halo_core.errors import ConfigError
+    from halo_core.tiny import tiny_config
+
+    phimoe = tmp_path / "phimoe"
+    tiny_config("phimoe").save_pretrained(phimoe)
+    _check(tmp_path, f"--model_name_or_path={phimoe}", world=1)
+    with pytest.raises(ConfigError, match="routing_replay: true, but family 'phimoe' declares routing_replay=False"):
+        _check(tmp_path, f"--model_name_or_path={phimoe}", "--routing_replay=true", world=1)
+
+
 def test_image_prompts_are_refused_before_start(tmp_path):
     from halo_core.errors import ConfigError
 

@@ -58,7 +58,8 @@ class HaloGRPOConfig(GRPOConfig):
                 "names, or dotted import paths (my_lib.rewards.f). Required."})
     rollout_engine: str = field(default="hf", metadata={"help": "The rollout engine (halo.rollout_engines): hf generates in process on the laid-out model."})
     routing_replay: bool = field(default=True, metadata={
-        "help": "MoE models: replay in the loss pass the experts every token was routed to when its old log-probs were taken."})
+        "help": "MoE models: replay in the loss pass the experts every token was routed to when its old log-probs were taken "
+                "(off for a family that declares routing_replay=False: its routers choose experts without torch.topk)."})
     environment: str | None = field(default=None, metadata={
         "help": "A multi-turn environment by name (the halo.environments group: code_contests) or dotted path: "
                 "TRL's environment_factory, its methods the tools the model may call."})
@@ -265,6 +266,22 @@ def _replay_for(model) -> RoutingReplay | None:
         return None
 
 
+def _family_replays(run: RunConfig) -> bool:
+    """Whether the run's family can replay its routing; refuses ``routing_replay: true`` written for one that cannot
+    (left at the default, replay is off for it, as in stock TRL)."""
+    from halo_core.registry import discover
+    from halo_core.trainers.run_config import _model_config
+
+    config = _model_config(run)
+    record = discover().family_record(config.model_type) if config is not None else None
+    if record is None or not record.ok or record.family.routing_replay:
+        return True
+    if run.trainer.get("routing_replay"):
+        raise ConfigError(f"{run.source}: routing_replay: true, but family {record.name!r} declares routing_replay=False (its routers "
+                          f"choose experts without torch.topk, where replay hooks in); set routing_replay: false")
+    return False
+
+
 def run(run: RunConfig) -> None:
     from halo_core.trainers.runtime import train
 
@@ -293,7 +310,8 @@ def check(run: RunConfig, args, world: int = 1) -> None:
         # collectives a different number of times.
         raise ConfigError(f"{run.source}: tools or an environment with rollout_engine: hf train on one process only (--nproc 1); "
                           f"for more, use a server engine (rollout_engine: vllm or sglang)")
-    if args.routing_replay and run.halo.compile_layers:
+    replays = args.routing_replay and _family_replays(run)
+    if replays and run.halo.compile_layers:
         # Replay's hooks on each router give the shared compiled layer a guard per layer (bench/grpo_vs_trl.py's run
         # hit dynamo's recompile limit), and whether a compiled router still sees the replaying mode is unproven.
         raise ConfigError(f"{run.source}: compile_layers: true with routing_replay: true is not supported yet; set "

@@ -6,7 +6,8 @@ indices with the live values at them (``input.gather``). Whatever the router doe
 gather the unbiased scores, scale) then runs on live scores at the recorded experts: the experts chosen are the
 recorded ones and the router keeps its gradient (replaying the gate weights too would zero it). A router with
 several top-k calls (group-limited routing: groups, then experts) is replayed call by call. A router that
-calls no top-k cannot be replayed; ``RoutingReplay`` refuses it when recording.
+calls no top-k cannot be replayed: its family declares ``routing_replay=False`` (the kit checks the declaration
+with ``silent_routers``), and ``RoutingReplay`` refuses it when recording.
 """
 
 from __future__ import annotations
@@ -67,13 +68,20 @@ class RoutingReplay:
     @classmethod
     def for_model(cls, model: nn.Module, registry=None) -> "RoutingReplay":
         """The routers of ``model``'s MoE blocks, as its family plugin declares them."""
-        from halo_core.layout import find_moe_blocks
         from halo_core.registry import discover
 
         record = (registry or discover()).family_record(model.config.model_type)
         if record is None or not record.ok:
             raise RoutingReplayError(f"no family plugin claims model type {model.config.model_type!r}; routing replay finds routers through it")
-        family = record.family
+        if not record.family.routing_replay:
+            raise RoutingReplayError(f"family {record.name!r} declares routing_replay=False: its routers choose experts without torch.topk")
+        return cls.for_family(model, record.family)
+
+    @classmethod
+    def for_family(cls, model: nn.Module, family) -> "RoutingReplay":
+        """The routers of ``model``'s MoE blocks as ``family`` declares them, whatever it says of ``routing_replay``."""
+        from halo_core.layout import find_moe_blocks
+
         return cls({f"{name}.{family.router}": getattr(block, family.router) for name, block in find_moe_blocks(model, family)})
 
     @contextlib.contextmanager
@@ -82,9 +90,10 @@ class RoutingReplay:
         routes: Routes = {name: [] for name in self.routers}
         with self._hooks(routes, replay=False):
             yield routes
-        silent = [name for name, calls in routes.items() if calls and not any(calls)]
+        silent = _silent(routes)
         if silent:
-            raise RoutingReplayError(f"router {silent[0]} calls no torch.topk, so routing replay cannot reach it; its family must declare replay unsupported")
+            raise RoutingReplayError(f"router {silent[0]} calls no torch.topk, so routing replay cannot reach it; its family must declare "
+                                     f"routing_replay=False")
 
     @contextlib.contextmanager
     def replay(self, routes: Routes) -> Iterator[None]:
@@ -125,6 +134,20 @@ class RoutingReplay:
                 handle.remove()
             for mode in active.values():
                 mode.__exit__(None, None, None)
+
+
+def _silent(routes: Routes) -> list[str]:
+    return [name for name, calls in routes.items() if calls and not any(calls)]
+
+
+def silent_routers(model: nn.Module, family, **inputs) -> list[str]:
+    """The routers of ``family``'s MoE blocks that ran in one forward of ``inputs`` and called no ``torch.topk``:
+    those routing replay cannot reach (the kit's check of ``Family.routing_replay``, the scaffold's reading of it)."""
+    replay = RoutingReplay.for_family(model, family)
+    routes: Routes = {name: [] for name in replay.routers}
+    with torch.no_grad(), replay._hooks(routes, replay=False):
+        model(**inputs)
+    return _silent(routes)
 
 
 def route_rows(routes: Routes, rows: int) -> list[torch.Tensor]:

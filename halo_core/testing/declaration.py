@@ -2,9 +2,10 @@
 
 First what a plugin can get wrong at degree 1: it is discovered through its entry point
 with status ok, its declared paths match every claimed model type's real module tree
-(MoE blocks with router and experts, attention), and running its hooks leaves the
-logits unchanged. Then every kit layout of the declared splits against the single-process
-reference in spawned gloo processes (``equivalence``).
+(MoE blocks with router and experts, attention), running its hooks leaves the
+logits unchanged, and its routers are as replayable as it declares. Then every kit
+layout of the declared splits against the single-process reference in spawned gloo
+processes (``equivalence``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from halo_core.hf_config import text_config
 from halo_core.layout import find_attention, find_moe_blocks
 from halo_core.parallel.config import ParallelConfig
 from halo_core.registry import discover
+from halo_core.rl.routing import silent_routers
 from halo_core.testing.equivalence import run_layouts, seeded_forward
 from halo_core.tiny import tiny_family_model
 
@@ -65,6 +67,7 @@ def check_family(name: str, *, seed: int | None = None) -> None:
         )
         assert find_attention(model, family), f"{model_type}: no module matches attention={family.attention}"
         _check_identity_at_degree_one(registry, record, model_type, model, seed)
+        _check_routing_replay(family, model_type, model, seed)
         for world, layouts in kit_layouts(registry.supported_splits(record, model_type)).items():
             run_layouts(name, model_type, world, layouts, seed)
 
@@ -78,3 +81,14 @@ def _check_identity_at_degree_one(registry, record, model_type, model, seed) -> 
         adapted = adapt_model(model, registry, record, context)
         after = seeded_forward(adapted, {"input_ids": input_ids}, 0, seed).logits
     torch.testing.assert_close(after, before, rtol=0, atol=0, msg=lambda m: f"{model_type}: hooks at degree 1 changed the logits: {m}")
+
+
+def _check_routing_replay(family, model_type, model, seed) -> None:
+    """``Family.routing_replay`` says what one forward shows: whether every router picks its experts by ``torch.topk``."""
+    generator = torch.Generator().manual_seed(seed)
+    silent = silent_routers(model, family, input_ids=torch.randint(0, text_config(model.config).vocab_size, (2, 7), generator=generator))
+    if family.routing_replay:
+        assert not silent, (f"{model_type}: router {silent[0]} calls no torch.topk, so GRPO's routing replay cannot reach it; "
+                            f"declare routing_replay=False")
+    else:
+        assert silent, f"{model_type}: declares routing_replay=False, but every router picks its experts by torch.topk; drop the declaration"

@@ -6,6 +6,8 @@
   own tokens before the exchange, so the routes are as random as on one process, each token's independent of where
   it trains. The kit proves the layout by starting each data-parallel batch's forward from the same random state on
   one process and on its rank; a layout that splits a sequence (CP) draws other samples, so CP is not declared.
+- No routing replay (``routing_replay=False``): sparsemixer picks experts by ``max`` over masked scores, not
+  ``torch.topk``, where GRPO's replay hooks in; GRPO trains it without replay.
 - Experts: ``PhimoeExperts``, fused 3-D weights at transformers' experts interface: the core's default.
 - Not declared: ``cp`` (above), ``tp`` and ``etp`` (not tried).
 
@@ -29,4 +31,5 @@ def halo_family() -> Family:
         router="router",
         experts="experts",
         attention="model.layers.*.self_attn",
+        routing_replay=False,
     )
