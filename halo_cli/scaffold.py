@@ -107,6 +107,8 @@ class ReadLayout:
     #: The model type of the config the class builds on, where it is another (a composite's causal-LM class takes
     #: its text part: ``Qwen3_5MoeForCausalLM`` builds ``qwen3_5_moe_text``), claimed too.
     built_type: str | None = None
+    #: False where one forward of the tiny model shows a router that calls no ``torch.topk`` (``Family.routing_replay``).
+    routing_replay: bool = True
 
 
 #: How every spot a scaffold could not fill in starts (in the plugin's docstring, and its test fails with it).
@@ -189,8 +191,30 @@ def _read_layout(model_type: str) -> ReadLayout:
     built = getattr(model.config, "model_type", model_type)
     if built != model_type:
         lines.append(f"- `{type(model).__name__}` builds on the `{built}` part of the config: claimed too")
+    replays = not inferred["moe_block"] or _routers_replay(model_type, declared, layout)
+    if not replays:
+        lines.append("- routers choose experts without `torch.topk`: `routing_replay=False` (GRPO trains it without routing replay)")
     return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared,
-                      marked=marked, built_type=built if built != model_type else None)
+                      marked=marked, built_type=built if built != model_type else None, routing_replay=replays)
+
+
+def _routers_replay(model_type: str, declared: str | None, layout: dict) -> bool:
+    """Whether one forward of a tiny CPU model runs every router through ``torch.topk`` (True where it cannot run:
+    the generated test then says why)."""
+    import torch
+
+    from halo_core.hf_config import text_config
+    from halo_core.rl.routing import silent_routers
+    from halo_core.tiny import tiny_model
+
+    try:
+        model = tiny_model(model_type, model_class=declared)
+        family = Family(name="x", model_types=(model_type,), version="0", api_version=PLUGIN_API_VERSION,
+                        **{k: layout[k] for k in ("moe_block", "router", "experts")})
+        ids = torch.randint(0, text_config(model.config).vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+        return not silent_routers(model, family, input_ids=ids)
+    except Exception:
+        return True
 
 
 #: Class names of modules that hold experts in some layout of their own (``DbrxExperts``, ``JetMoeMoE``).
@@ -235,6 +259,7 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "replaces_note": part_of_note + _replaces_note(replaces, model_type),
         "part_of_note": part_of_note,
         "model_class_field": f"\n        model_class={read.declared_class!r}," if read.declared_class else "",
+        "routing_replay_field": "" if read.routing_replay else "\n        routing_replay=False,",
         "marked_note": f"{_docstring_safe(read.marked)}.\n\n" if read.marked else "",
         "test_import": "import pytest" if read.marked else "from halo_core.testing import check_family",
         "test_body": f"pytest.fail({read.marked!r})" if read.marked else f"check_family({names.family!r})",

@@ -81,3 +81,14 @@ def test_a_composite_whose_causal_lm_class_builds_on_its_text_part_claims_that_t
     assert row["passed"] and row["found_moe"], row
     source = (tmp_path / "halo-plugin-sweep-qwen4-exp" / "halo_plugin_sweep_qwen4_exp" / "__init__.py").read_text()
     assert "model_types=('qwen4_exp', 'qwen4_exp_text')" in source
+
+
+def test_routers_that_choose_experts_without_topk_are_declared_unreplayable(sweep, tmp_path):
+    """PhiMoE's sparsemixer samples its experts by max over masked scores: the scaffold runs one forward and writes
+    ``routing_replay=False`` (the kit then holds the plugin to it); a top-k router keeps the default."""
+    for model_type, declared in (("phimoe", True), ("olmoe", False)):
+        row = sweep.sweep_one(model_type, tmp_path, quick=True, timeout=60)
+        assert row["passed"] and row["found_moe"], row
+        package = f"halo_plugin_sweep_{model_type}"
+        source = (tmp_path / f"halo-plugin-sweep-{model_type}" / package / "__init__.py").read_text()
+        assert ("routing_replay=False" in source) == declared, source
