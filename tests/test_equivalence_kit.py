@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from halo_core.testing.equivalence import _check_gradient
+from halo_core.testing.equivalence import LR, _check_gradient, _check_step
 
 
 def _off(truth: torch.Tensor, relative: float, direction: torch.Tensor) -> torch.Tensor:
@@ -38,3 +38,16 @@ def test_the_resolution_allowance_is_capped():
     truth, direction = torch.randn(64, generator=torch.Generator().manual_seed(0)), torch.randn(64, generator=torch.Generator().manual_seed(1))
     with pytest.raises(AssertionError, match="relative error"):
         _check_gradient(_off(truth, 1e-3, -direction), truth, truth, 0.5, "w")
+
+
+def test_a_weight_near_zero_is_held_to_this_layouts_own_step_and_a_wrong_step_is_refused():
+    """DeepSeek-V4's hyper-connection ``base`` moves by about itself in one step: a gradient difference float32
+    allows then shows as 1e-5 of the weight. The step from the layout's own (checked) gradient passes; another fails."""
+    before = torch.full((4,), 1e-3)
+    grad = torch.full((4,), 5e-4 / LR)
+    expected = before - LR * grad * (1 + 1e-4)  # one process's gradient, 1e-4 away
+    _check_step(before - LR * grad, expected, before, grad, "w")
+    with pytest.raises(AssertionError, match="against this layout's own SGD step"):
+        _check_step(before - 2 * LR * grad, expected, before, grad, "w")
+    with pytest.raises(AssertionError):  # no gradient to explain the difference: held to one process plainly
+        _check_step(before - LR * grad, expected, None, None, "w")
