@@ -57,12 +57,20 @@ def claimed_by(model_type: str) -> str | None:
     return None
 
 
+def text_parts(model_type: str) -> list[str]:
+    from transformers import CONFIG_MAPPING
+
+    subs = (getattr(CONFIG_MAPPING.get(model_type), "sub_configs", None) or {}).values() if model_type in CONFIG_MAPPING else ()
+    return [t for t in (getattr(s, "model_type", None) for s in subs) if t]
+
+
 def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
     from halo_cli.scaffold import CANNOT_TRAIN_MARK, MARK, claimed_model_type, render_family
 
     name = "sweep-" + model_type.replace("_", "-")
     claims, _ = claimed_model_type(model_type)  # a text part with no head of its own: its composite
-    replaces = claimed_by(claims)
+    # the bundled plugin of the type, or of the text part its class builds on (llama4 builds llama4_text), is replaced
+    replaces = claimed_by(claims) or next(filter(None, map(claimed_by, text_parts(claims))), None)
     started = time.monotonic()
     row = {"model_type": model_type, "replaces": replaces, **({"claims": claims} if claims != model_type else {})}
     try:
@@ -131,6 +139,9 @@ def main() -> None:
     passed = sum(r["passed"] for r in rows)
     print(f"{passed} of {len(rows)} MoE types pass with no edits ({100 * passed / max(len(rows), 1):.0f}%)"
           f"{' (scaffold only: --quick)' if args.quick else ''}")
+    trainable = [r for r in rows if r.get("trainable", True)]
+    print(f"{sum(r['passed'] for r in trainable)} of the {len(trainable)} that train on a language-model loss "
+          f"({100 * sum(r['passed'] for r in trainable) / max(len(trainable), 1):.0f}%); the others have no class that takes labels")
     marked = [r for r in rows if r.get("marked")]
     parts = [r for r in rows if r.get("claims")]
     no_moe = [r["model_type"] for r in rows if r["passed"] and not r.get("found_moe")]

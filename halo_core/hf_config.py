@@ -64,6 +64,19 @@ def _modeling_classes(config_class) -> dict[str, type]:
             and not name.endswith("PreTrainedModel")}
 
 
+def _no_lm_loss(cls) -> str | None:
+    """Why ``cls`` cannot train on a language-model loss from ``labels``, or ``None`` where it can: a composite that
+    only generates (``Qwen3OmniMoeForConditionalGeneration``), a diffusion model that takes no labels."""
+    import torch
+
+    forward = cls.forward
+    if forward is torch.nn.Module.forward or getattr(forward, "__name__", "") == "_forward_unimplemented":
+        return f"`{cls.__name__}` has no forward (it only generates)"
+    if "labels" not in inspect.signature(forward).parameters:
+        return f"`{cls.__name__}.forward` takes no labels (no language-model loss to train on)"
+    return None
+
+
 def composites_of(model_type: str) -> list[str]:
     """Model types whose config holds ``model_type``'s as a sub-config (``qwen3_vl_moe`` for ``qwen3_vl_moe_text``)."""
     from transformers import CONFIG_MAPPING
@@ -83,14 +96,25 @@ def language_model_class(model_type: str) -> LanguageModelClass:
     from transformers import CONFIG_MAPPING
     from transformers.models.auto import modeling_auto
 
+    found = None
     for mapping in LM_MAPPINGS:
         name = getattr(modeling_auto, mapping, {}).get(model_type)
         if name and (mapping == LM_MAPPINGS[0] or hasattr(transformers, name)):
-            return LanguageModelClass(None if mapping == LM_MAPPINGS[0] else name, mapping)
+            found = LanguageModelClass(None if mapping == LM_MAPPINGS[0] else name, mapping)
+            break
     classes = _modeling_classes(CONFIG_MAPPING[model_type])
-    for name in classes:
+    for name in classes if found is None else ():
         if name.endswith(LM_HEAD_SUFFIXES) and hasattr(transformers, name):
-            return LanguageModelClass(name, "modeling module")
+            found = LanguageModelClass(name, "modeling module")
+            break
+    if found is not None:
+        cls = getattr(transformers, name, None)
+        why = _no_lm_loss(cls) if cls is not None else None
+        if why is None:
+            return found
+        subs = (getattr(CONFIG_MAPPING[model_type], "sub_configs", None) or {}).values()
+        parts = sorted(t for t in {getattr(s, "model_type", "") for s in subs} - {"", model_type} if language_model_class(t).missing is None)
+        return LanguageModelClass(None, None, f"{why}{'; scaffold the part that trains (' + ', '.join(parts) + ')' if parts else ''}")
     parents = composites_of(model_type)
     has = ", ".join(sorted(classes)) or "no model class"
     hint = f"; scaffold the model type it is part of ({', '.join(parents)}) instead" if parents else ""

@@ -92,3 +92,14 @@ def test_routers_that_choose_experts_without_topk_are_declared_unreplayable(swee
         package = f"halo_plugin_sweep_{model_type}"
         source = (tmp_path / f"halo-plugin-sweep-{model_type}" / package / "__init__.py").read_text()
         assert ("routing_replay=False" in source) == declared, source
+
+
+@pytest.mark.parametrize("model_type, says", [
+    ("diffusion_gemma", "`DiffusionGemmaForBlockDiffusion.forward` takes no labels"),  # block diffusion: no LM loss
+    ("qwen3_omni_moe", "has no forward (it only generates); scaffold the part that trains (qwen3_omni_moe_thinker)"),
+])
+def test_a_class_that_cannot_train_on_labels_is_marked_with_why(sweep, tmp_path, model_type, says):
+    from halo_cli.scaffold import CANNOT_TRAIN_MARK
+
+    row = sweep.sweep_one(model_type, tmp_path, quick=True, timeout=60)
+    assert not row["passed"] and not row["trainable"] and row["marked"].startswith(CANNOT_TRAIN_MARK) and says in row["marked"], row
