@@ -60,7 +60,9 @@ def claimed_by(model_type: str) -> str | None:
 def text_parts(model_type: str) -> list[str]:
     from transformers import CONFIG_MAPPING
 
-    subs = (getattr(CONFIG_MAPPING.get(model_type), "sub_configs", None) or {}).values() if model_type in CONFIG_MAPPING else ()
+    if model_type not in CONFIG_MAPPING:
+        return []
+    subs = (getattr(CONFIG_MAPPING[model_type], "sub_configs", None) or {}).values()
     return [t for t in (getattr(s, "model_type", None) for s in subs) if t]
 
 

@@ -430,6 +430,7 @@ def _deep_merge(base: dict, value):
 
 
 #: "`a` (x) must be below `b` (y)": a token id past the tiny vocabulary.
+_MULTIPLE_OF = re.compile(r"`(\w+)`[^`]*?\bmultiple of (\d+)")
 _MUST_BE_BELOW = re.compile(r"`(\w+)` \((\d+)\) must be (?:a class |an id )?below `(\w+)` \((\d+)\)")
 
 _MUST_AGREE = (
@@ -440,7 +441,16 @@ _MUST_AGREE = (
 
 def _agreeing(default, kwargs: dict, message: str) -> dict | None:
     """``kwargs`` with the first field a "`a` (x) must match `b` (y)" validator message names set to y (or, for "must be
-    below", to y - 1), or ``None``."""
+    below", to y - 1; for "`a` ... a multiple of N", up to the next multiple: Kolibri's NVFP4 ``head_dim``), or ``None``."""
+    multiple = _MULTIPLE_OF.search(message)
+    if multiple:
+        field, factor = multiple.group(1), int(multiple.group(2))
+        patched = _copy(kwargs)
+        node = next((n for c, n in _nodes(default, patched) if isinstance(n.get(field), int)), None)
+        if node is None or node[field] % factor == 0:
+            return None
+        node[field] = -(-node[field] // factor) * factor
+        return patched
     below = _MUST_BE_BELOW.search(message)
     if below:
         field, _, bound_field, bound = below.groups()

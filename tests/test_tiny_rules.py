@@ -22,3 +22,13 @@ def test_a_sliding_window_the_default_sizes_but_leaves_unset_is_given_one():
 def test_rotary_sections_the_modeling_pairs_stay_equal():
     section = tiny_config("ernie4_5_vl_moe").get_text_config().rope_parameters["mrope_section"]
     assert section[0] == section[1], section  # the two spatial sections are interleaved
+
+
+def test_a_size_a_validator_wants_a_multiple_of_is_rounded_up_to_it():
+    from transformers import AutoConfig
+
+    from halo_core.tiny import _agreeing
+
+    message = "NVFP4 rounding of keys and values needs a `head_dim` that is a multiple of 16."  # Kolibri 1.1's validator
+    assert _agreeing(AutoConfig.for_model("qwen3_moe"), {"head_dim": 8}, message) == {"head_dim": 16}
+    assert _agreeing(AutoConfig.for_model("qwen3_moe"), {"head_dim": 32}, message) is None  # already one: no loop
