@@ -1,21 +1,24 @@
-"""A vision-language MoE (Qwen3-VL-MoE) trains with its text MoE under EP and its vision tower under FSDP2,
-on image batches, as one float32 process does (issue 28)."""
+"""Vision-language MoEs (Qwen3-VL-MoE, GLM-4.5V) train with their text MoE under EP and their vision tower under
+FSDP2, on image batches, as one float32 process does (issue 28)."""
 
 import pytest
 import torch
 
 from halo_core.parallel.config import ParallelConfig
 from halo_core.registry import discover
-from halo_core.testing.composite import image_batches, run_composite_layouts, vision_parameters
+from halo_core.testing.composite import _END_KEYS, _START_KEYS, _first, image_batches, run_composite_layouts, vision_parameters
 from halo_core.tiny import tiny_family_model
 
 FAMILY, MODEL_TYPE = "qwen3-vl-moe", "qwen3_vl_moe"
+#: Each composite the image batches are held on; the first also at world 2 and in the batch-shape checks.
+COMPOSITES = [(FAMILY, MODEL_TYPE), ("glm4v-moe", "glm4v_moe")]
 
 
-@pytest.fixture(scope="module")
-def model():
-    record = discover(strict=False).by_name(FAMILY)
-    return tiny_family_model(record.family, MODEL_TYPE).train()
+@pytest.fixture(scope="module", params=COMPOSITES, ids=[t for _, t in COMPOSITES])
+def model(request):
+    family, model_type = request.param
+    record = discover(strict=False).by_name(family)
+    return tiny_family_model(record.family, model_type).train()
 
 
 def test_image_batches_hold_one_image_per_sample_between_its_vision_tokens(model):
@@ -30,8 +33,10 @@ def test_image_batches_hold_one_image_per_sample_between_its_vision_tokens(model
         for row, grid in enumerate(grids):
             image = (ids[row] == config.image_token_id).nonzero().flatten()
             assert len(image) == int(grid.prod()) // merge**2
-            assert ids[row, image[0] - 1] == config.vision_start_token_id and ids[row, image[-1] + 1] == config.vision_end_token_id
-            assert torch.equal(batch["mm_token_type_ids"][row], (ids[row] == config.image_token_id).long())
+            start, end = _first(config, _START_KEYS), _first(config, _END_KEYS)  # vision_* (Qwen), image_* (GLM)
+            assert ids[row, image[0] - 1] == start and ids[row, image[-1] + 1] == end
+            if "mm_token_type_ids" in batch:  # where the forward takes it (Qwen3-VL's M-RoPE positions)
+                assert torch.equal(batch["mm_token_type_ids"][row], (ids[row] == config.image_token_id).long())
         ignored = (ids == config.image_token_id) | (mask == 0)
         assert (labels[ignored] == -100).all() and (labels[~ignored] == ids[~ignored]).all()
 
@@ -49,11 +54,12 @@ def test_the_images_reach_the_loss_and_the_vision_tower_gets_gradients(model):
 
 
 @pytest.mark.parametrize(
-    "world, layouts",
-    [(2, [ParallelConfig(ep=2)]), (4, [ParallelConfig(ep=2)])],
-    ids=["ep2-world2", "ep2-dp2-world4"],
+    "family, model_type, world, layouts",
+    [(FAMILY, MODEL_TYPE, 2, [ParallelConfig(ep=2)]), (FAMILY, MODEL_TYPE, 4, [ParallelConfig(ep=2)]),
+     ("glm4v-moe", "glm4v_moe", 4, [ParallelConfig(ep=2)])],
+    ids=["qwen3_vl_moe-ep2-world2", "qwen3_vl_moe-ep2-dp2-world4", "glm4v_moe-ep2-dp2-world4"],
 )
-def test_vision_language_moe_matches_one_process_on_image_batches(world, layouts):
+def test_vision_language_moe_matches_one_process_on_image_batches(family, model_type, world, layouts):
     """ep=2 at world 2: each rank holds its experts alone; at world 4 each expert block has two FSDP2 replicas.
     Two SGD steps; losses, gradients and weights (vision tower included) against one float32 process."""
-    run_composite_layouts(FAMILY, MODEL_TYPE, world, layouts, seed=0)
+    run_composite_layouts(family, model_type, world, layouts, seed=0)
