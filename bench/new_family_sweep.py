@@ -57,22 +57,12 @@ def claimed_by(model_type: str) -> str | None:
     return None
 
 
-def text_parts(model_type: str) -> list[str]:
-    from transformers import CONFIG_MAPPING
-
-    if model_type not in CONFIG_MAPPING:
-        return []
-    subs = (getattr(CONFIG_MAPPING[model_type], "sub_configs", None) or {}).values()
-    return [t for t in (getattr(s, "model_type", None) for s in subs) if t]
-
-
 def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
     from halo_cli.scaffold import CANNOT_TRAIN_MARK, MARK, claimed_model_type, render_family
 
     name = "sweep-" + model_type.replace("_", "-")
     claims, _ = claimed_model_type(model_type)  # a text part with no head of its own: its composite
-    # the bundled plugin of the type, or of the text part its class builds on (llama4 builds llama4_text), is replaced
-    replaces = claimed_by(claims) or next(filter(None, map(claimed_by, text_parts(claims))), None)
+    replaces = claimed_by(claims)
     started = time.monotonic()
     row = {"model_type": model_type, "replaces": replaces, **({"claims": claims} if claims != model_type else {})}
     try:
