@@ -69,8 +69,11 @@ class Family:
     attention: str | tuple[str, ...] = "model.layers.*.self_attn"
     #: Config overrides that make a tiny random model of this family build and run (tests, `show`).
     tiny_config: Mapping[str, Any] = field(default_factory=dict)
-    #: transformers class to build the model with, where ``AutoModelForCausalLM`` does not map the config.
-    model_class: str | None = None
+    #: transformers class to build the model with, where ``AutoModelForCausalLM`` does not map the config: one name for
+    #: every claimed type, or a mapping model type -> name where the types need different classes (a composite's
+    #: ``...ForConditionalGeneration`` beside its text part's causal LM); a type the mapping leaves out is built with
+    #: ``AutoModelForCausalLM``. ``class_for(model_type)`` reads it.
+    model_class: str | Mapping[str, str] | None = None
     #: Tensor-parallel plan (module-name patterns -> ``"colwise"``/``"rowwise"``), where the config's
     #: ``base_model_tp_plan`` is missing or wrong for this family; empty = use the config's.
     tp_plan: Mapping[str, str] = field(default_factory=dict)
@@ -84,6 +87,8 @@ class Family:
         object.__setattr__(self, "attention", _as_tuple(self.attention))
         object.__setattr__(self, "splits", frozenset(self.splits))
         object.__setattr__(self, "tp_plan", dict(self.tp_plan))  # a plain dict: a shared plan (ATTENTION_TP_PLAN) is read-only, and pickles
+        if self.model_class is not None and not isinstance(self.model_class, str):
+            object.__setattr__(self, "model_class", dict(self.model_class))
         if not is_valid_family_name(self.name):
             raise ValueError(
                 f"Family.name={self.name!r} is not valid: use lower-case letters, digits, '-' or '_', "
@@ -100,5 +105,21 @@ class Family:
                 f"Family.splits has {sorted(unknown)}, which Halo does not know; "
                 f"declare a subset of {sorted(SPLITS)} (data parallelism needs no declaration)"
             )
+        if isinstance(self.model_class, dict):
+            stray = sorted(set(self.model_class) - set(self.model_types))
+            if stray or not all(isinstance(v, str) and v for v in self.model_class.values()):
+                raise ValueError(
+                    f"Family.model_class={self.model_class!r} must map claimed model types {list(self.model_types)} to "
+                    f"transformers class names" + (f"; {stray} are not claimed" if stray else "")
+                )
         if not isinstance(self.api_version, int):
             raise ValueError(f"Family.api_version={self.api_version!r} must be an int (this core speaks {PLUGIN_API_VERSION})")
+
+    def class_for(self, model_type: str) -> str | None:
+        """The transformers class ``model_type`` is built with, ``None`` where ``AutoModelForCausalLM`` maps it.
+
+        Why per type: one family can claim a composite and its text part (``qwen3_5_moe`` and ``qwen3_5_moe_text``),
+        whose checkpoints differ in layout and need different classes."""
+        if isinstance(self.model_class, dict):
+            return self.model_class.get(model_type)
+        return self.model_class

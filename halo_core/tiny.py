@@ -571,5 +571,5 @@ def tiny_model(model_type: str, overrides: Mapping[str, Any] | None = None, *, s
 
 
 def tiny_family_model(family, model_type: str, overrides: Mapping[str, Any] | None = None, **kwargs):
-    """``tiny_model`` with the family's own tiny-config overrides (``overrides`` win) and model class."""
-    return tiny_model(model_type, {**family.tiny_config, **(overrides or {})}, model_class=family.model_class, **kwargs)
+    """``tiny_model`` with the family's own tiny-config overrides (``overrides`` win) and its class for ``model_type``."""
+    return tiny_model(model_type, {**family.tiny_config, **(overrides or {})}, model_class=family.class_for(model_type), **kwargs)

@@ -135,7 +135,8 @@ def build_from_config(model_class, hf_config, **kwargs):
 
 
 def model_class_for(hf_config, registry=None, sequence_classification: bool = False):
-    """The class to build a model of this config with: the family's ``model_class`` where it names one.
+    """The class to build a model of this config with: the family's ``model_class`` for its model type where it names
+    one (``Family.class_for``: a family may build its composite and its text part with different classes).
 
     ``sequence_classification``: the family's backbone under a classification head (``score``, ``num_labels``
     outputs read at the last non-pad token), the class transformers' ``AutoModelForSequenceClassification``
@@ -156,7 +157,7 @@ def model_class_for(hf_config, registry=None, sequence_classification: bool = Fa
         return transformers.AutoModelForSequenceClassification
 
     record = (registry or discover()).family_record(hf_config.model_type)
-    name = record.family.model_class if record is not None and record.ok else None
+    name = record.family.class_for(hf_config.model_type) if record is not None and record.ok else None
     return getattr(transformers, name) if name else transformers.AutoModelForCausalLM
 
 

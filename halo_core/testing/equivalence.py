@@ -82,12 +82,12 @@ def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = T
         if getattr(text, "num_key_value_heads", None) and text.num_key_value_heads % head_split:
             kit["num_key_value_heads"] = text.num_attention_heads
     try:
-        model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.model_class, seed=seed)  # the family's needs win
+        model = tiny_model(model_type, {**kit, **family.tiny_config}, model_class=family.class_for(model_type), seed=seed)  # the family's needs win
     except Exception as exc:  # a config that refuses the kit's top-k (Zaya takes one expert per token only): its own
         key = top_k_key(model_type)
         if key is None or key not in str(exc):
             raise
-        model = tiny_model(model_type, {**{k: v for k, v in kit.items() if k != key}, **family.tiny_config}, model_class=family.model_class, seed=seed)
+        model = tiny_model(model_type, {**{k: v for k, v in kit.items() if k != key}, **family.tiny_config}, model_class=family.class_for(model_type), seed=seed)
     model.train()
     top_k = config_top_k(model.config)
     _, block = find_moe_blocks(model, family)[0]
