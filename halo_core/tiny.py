@@ -395,12 +395,26 @@ def _tiny_kwargs(default, overrides: Mapping[str, Any] | None = None) -> dict[st
     text = text_config(default)
     for name in getattr(default, "sub_configs", None) or {}:  # composite models: shrink the text (and other) parts too
         sub = getattr(default, name, None)
+        if sub is None and isinstance(overrides.get(name), dict):
+            sub = _unset_sub_config(default, name)
         if sub is not None and hasattr(sub, "to_dict"):
             # the text part also gets the top-level overrides its composite lacks (as ``_merge`` routes them)
             routed = {k: v for k, v in overrides.items() if k not in fields} if sub is text else {}
             given = overrides.get(name) if isinstance(overrides.get(name), dict) else {}
             kwargs[name] = {**_sub_config_base(sub), "model_type": sub.model_type, **_tiny_kwargs(sub, {**routed, **given})}
     return kwargs
+
+
+def _unset_sub_config(default, name: str):
+    """The default of an optional sub-config that ``default`` leaves unset (Gemma 4's ``vision_config`` and
+    ``audio_config`` are ``None``: the text-only checkpoints have no towers), built where overrides ask for it by giving
+    a dict, so that it is shrunk like any other part instead of built at full size; ``None`` if it cannot be built."""
+    spec = (getattr(default, "sub_configs", None) or {}).get(name)
+    spec = getattr(spec, "config_class", spec)
+    try:
+        return spec() if isinstance(spec, type) else None
+    except Exception:
+        return None
 
 
 def _merge(kwargs: dict, overrides: Mapping[str, Any], default) -> dict:
@@ -512,6 +526,8 @@ def _nodes(config, node: dict) -> list[tuple[Any, dict]]:
     found = [(config, node)]
     for name in getattr(config, "sub_configs", None) or {}:
         sub = getattr(config, name, None)
+        if sub is None and isinstance(node.get(name), dict):
+            sub = _unset_sub_config(config, name)
         if hasattr(sub, "to_dict") and isinstance(node.get(name), dict):
             found += _nodes(sub, node[name])
     return found

@@ -32,3 +32,11 @@ def test_a_size_a_validator_wants_a_multiple_of_is_rounded_up_to_it():
     message = "NVFP4 rounding of keys and values needs a `head_dim` that is a multiple of 16."  # Kolibri 1.1's validator
     assert _agreeing(AutoConfig.for_model("qwen3_moe"), {"head_dim": 8}, message) == {"head_dim": 16}
     assert _agreeing(AutoConfig.for_model("qwen3_moe"), {"head_dim": 32}, message) is None  # already one: no loop
+
+
+def test_an_optional_sub_config_the_default_leaves_unset_is_built_tiny_where_asked_for():
+    """Gemma 4's vision tower is unset by default (text-only checkpoints): a dict asks for one, shrunk like any part."""
+    assert tiny_config("gemma4").vision_config is None  # not asked for: left out, as the default leaves it
+    vision = tiny_config("gemma4", {"vision_config": {"patch_size": 4}}).vision_config
+    assert vision.hidden_size == 32 and vision.num_hidden_layers == 2 and vision.patch_size == 4
+    assert not hasattr(tiny_config("gemma4_text", {"vision_config": {}}), "vision_config")  # a type without it ignores it
