@@ -2,9 +2,10 @@
 
 The text-only kit (``equivalence``) never runs a composite model's vision tower: its batches hold no
 pixels, so a tower that FSDP2 shards wrongly, or that gets no gradient, passes unseen. Here each
-data-parallel rank gets a batch of samples with one image each (patches as the Qwen-VL processors flatten
-them, ``image_grid_thw``, the image's placeholder tokens between the vision start and end tokens, samples
-of different lengths right-padded, labels -100 on image and pad positions), and the parallel run is held
+data-parallel rank gets a batch of samples with one image each (the pixel inputs as the model's own
+processor lays them out, see ``IMAGE_LAYOUTS``; the image's placeholder tokens between its start and end
+tokens where the composite names them, samples of different lengths right-padded, labels -100 on image and
+pad positions), and the parallel run is held
 to one float32 process as ``equivalence`` holds text batches: loss, auxiliary loss, gradient norm, every
 gradient after clipping on the first step (with its float32-resolution and float64 allowances) and every
 weight after each of two SGD steps, vision tower included. It also checks what makes the comparison mean something: the vision
@@ -39,13 +40,17 @@ from halo_core.testing.equivalence import (
 )
 from halo_core.testing.spawn import spawn
 
-#: Image grids (temporal, height, width in patches) the samples cycle through: different token counts per sample.
-GRIDS = ((1, 2, 2), (1, 4, 2), (1, 2, 4), (1, 4, 4))
+#: Images the samples cycle through, in language-model tokens (frames, rows, columns): a different count per sample.
+#: Each token is ``merge x merge`` patches (``merge_size``), so a Qwen-VL grid of patches is ``(t, rows * merge, columns * merge)``.
+IMAGES = ((1, 1, 1), (1, 2, 1), (1, 1, 2), (1, 2, 2))
 
-_START_KEYS = ("vision_start_token_id", "image_start_token_id")
-_END_KEYS = ("vision_end_token_id", "image_end_token_id")
+_START_KEYS = ("vision_start_token_id", "image_start_token_id", "boi_token_id")
+_END_KEYS = ("vision_end_token_id", "image_end_token_id", "eoi_token_id")
 _IMAGE_KEYS = ("image_token_id", "image_token_index")
 _VIDEO_KEYS = ("video_token_id", "video_token_index")
+#: The side, in patches, of the square of patches one language-model token is made of (Gemma 4 pools, the others merge).
+_MERGE_KEYS = ("spatial_merge_size", "pooling_kernel_size")
+_CHANNEL_KEYS = ("in_channels", "num_channels")
 
 
 def _first(config, keys: tuple[str, ...]) -> int | None:
@@ -57,14 +62,83 @@ def vision_part(config):
     return getattr(config, "vision_config", None)
 
 
+def merge_size(vision) -> int:
+    """Patches per side of one language-model token's square (``spatial_merge_size``, Gemma 4's ``pooling_kernel_size``)."""
+    return _first(vision, _MERGE_KEYS) or 1
+
+
+def _patches(vision, image, generator):
+    """Qwen-VL (Qwen3-VL, Qwen3.5, GLM-4.5V): every image's patches flattened to ``channels * temporal_patch_size *
+    patch_size**2`` in grid order, one ``pixel_values`` of all images; ``image_grid_thw`` counts patches."""
+    t, h, w = image
+    merge = merge_size(vision)
+    grid = (t, h * merge, w * merge)
+    width = _first(vision, _CHANNEL_KEYS) * vision.temporal_patch_size * vision.patch_size**2
+    return {"pixel_values": torch.randn(grid[0] * grid[1] * grid[2], width, generator=generator), "image_grid_thw": torch.tensor(grid)}
+
+
+def _merged(vision, image, generator):
+    """Inkling 2: one ``(patch_size * merge)``-square of pixels, channels last, per language-model token, in raster
+    order; ``image_grid_thw`` counts tokens (its processor cuts each image into such squares)."""
+    side = vision.patch_size * merge_size(vision)
+    tokens = image[0] * image[1] * image[2]
+    return {"pixel_values": torch.randn(tokens, side, side, _first(vision, _CHANNEL_KEYS), generator=generator),
+            "image_grid_thw": torch.tensor(image)}
+
+
+def _positions(vision, image, generator):
+    """Gemma 4: an image's patches (``3 * patch_size**2`` each, raster order) with their (column, row) position; images
+    are padded to one patch count with position (-1, -1), and the tower pools ``merge x merge`` patches per token."""
+    t, h, w = image
+    if t != 1:
+        raise ValueError(f"{type(vision).__name__} takes still images: no frames ({image})")
+    merge = merge_size(vision)
+    rows, columns = h * merge, w * merge
+    grid = torch.meshgrid(torch.arange(columns), torch.arange(rows), indexing="xy")
+    channels = _first(vision, _CHANNEL_KEYS) or 3  # Gemma 4's patch embedder is fixed to RGB
+    return {"pixel_values": torch.randn(rows * columns, channels * vision.patch_size**2, generator=generator),
+            "image_position_ids": torch.stack(grid, dim=-1).reshape(rows * columns, 2)}
+
+
+def _cat(images: list[dict]) -> dict[str, torch.Tensor]:
+    return {"pixel_values": torch.cat([i["pixel_values"] for i in images]), "image_grid_thw": torch.stack([i["image_grid_thw"] for i in images])}
+
+
+def _padded(images: list[dict]) -> dict[str, torch.Tensor]:
+    """Each image's patches padded to the batch's most, as Gemma 4's processor pads them (zeros, position -1)."""
+    most = max(len(i["pixel_values"]) for i in images)
+    pad = torch.nn.functional.pad
+    return {
+        "pixel_values": torch.stack([pad(i["pixel_values"], (0, 0, 0, most - len(i["pixel_values"]))) for i in images]),
+        "image_position_ids": torch.stack([pad(i["image_position_ids"], (0, 0, 0, most - len(i["image_position_ids"])), value=-1) for i in images]),
+    }
+
+
+#: How a composite's forward takes images: one image's inputs, and a batch's from its images'.
+IMAGE_LAYOUTS = {"patches": (_patches, _cat), "merged": (_merged, _cat), "positions": (_positions, _padded)}
+
+
+def image_layout(model) -> str:
+    """Which of ``IMAGE_LAYOUTS`` ``model`` takes, read off its forward and vision config: patch positions where the
+    forward takes ``image_position_ids`` (Gemma 4); else a grid (``image_grid_thw``) of flattened patches where the
+    tower groups frames into temporal patches (``temporal_patch_size``: the Qwen-VL processors' layout), of
+    per-token pixel squares where it does not (Inkling 2)."""
+    takes = inspect.signature(model.forward).parameters
+    vision = vision_part(model.config)
+    if "image_position_ids" in takes:
+        return "positions"
+    if "image_grid_thw" in takes:
+        return "patches" if getattr(vision, "temporal_patch_size", None) else "merged"
+    raise ValueError(f"{type(model).__name__}.forward takes neither image_grid_thw nor image_position_ids: image_batches does not know its image inputs")
+
+
 def image_batches(model, count: int, seed: int, batch: int = BATCH) -> list[dict[str, torch.Tensor]]:
     """``count`` batches (one per data-parallel rank) of ``batch`` samples, each sample one image, the same on every process.
 
-    Patches are flattened as Qwen-VL-style processors do (``[patches, channels * temporal_patch_size *
-    patch_size**2]``, a grid's patches in order); each image contributes ``t * h * w / spatial_merge_size**2``
-    placeholder tokens. Text ids are drawn below the smallest special id and the vocabulary size, so no text
+    Each image (``IMAGES``, in tokens) contributes its placeholder tokens; its pixels are laid out as the model's
+    ``image_layout`` says. Text ids are drawn below the smallest special id and the vocabulary size, so no text
     token is taken for an image. ``mm_token_type_ids`` (1 on image tokens) is passed where the model's
-    forward takes it (the M-RoPE positions of Qwen3-VL read it).
+    forward takes it (the M-RoPE positions of Qwen3-VL read it, Gemma 4's bidirectional image attention).
     """
     config = model.config
     vision = vision_part(config)
@@ -82,19 +156,18 @@ def image_batches(model, count: int, seed: int, batch: int = BATCH) -> list[dict
     text_ids = min([vocab, *specials])
     if text_ids < 2:
         raise ValueError(f"special token ids {specials} leave no ids below them for text")
-    merge = getattr(vision, "spatial_merge_size", 1)
-    width = vision.in_channels * getattr(vision, "temporal_patch_size", 1) * vision.patch_size**2
+    one_image, collate = IMAGE_LAYOUTS[image_layout(model)]
     takes_types = "mm_token_type_ids" in inspect.signature(model.forward).parameters
 
     generator = torch.Generator().manual_seed(seed + 1)
-    most = max(t * h * w for t, h, w in GRIDS) // merge**2
+    most = max(t * h * w for t, h, w in IMAGES)
     batches, sample = [], 0
     for rank in range(count):
-        rows, types, grids, pixels = [], [], [], []
+        rows, types, images = [], [], []
         for index in range(batch):
-            grid = GRIDS[sample % len(GRIDS)]
+            image = IMAGES[sample % len(IMAGES)]
             sample += 1
-            tokens = grid[0] * grid[1] * grid[2] // merge**2
+            tokens = image[0] * image[1] * image[2]
             # a length of its own per sample (so all but the longest are padded) and per rank (batches of different shapes)
             before = int(torch.randint(1, 4, (1,), generator=generator))
             after = (3 + 2 + most + 1 + rank * (batch + 1) + 2 * index) - before - 2 - tokens
@@ -107,8 +180,7 @@ def image_batches(model, count: int, seed: int, batch: int = BATCH) -> list[dict
             ])
             rows.append(ids)
             types.append((ids == image_id).long())
-            grids.append(grid)
-            pixels.append(torch.randn(grid[0] * grid[1] * grid[2], width, generator=generator))
+            images.append(one_image(vision, image, generator))
         length = max(len(r) for r in rows)
         input_ids = torch.zeros(batch, length, dtype=torch.long)
         attention_mask = torch.zeros(batch, length, dtype=torch.long)
@@ -116,10 +188,7 @@ def image_batches(model, count: int, seed: int, batch: int = BATCH) -> list[dict
         for i, (row, kind) in enumerate(zip(rows, types)):  # right padding, as TRL's collators pad
             input_ids[i, : len(row)], attention_mask[i, : len(row)], token_types[i, : len(row)] = row, 1, kind
         labels = input_ids.masked_fill((token_types == 1) | (attention_mask == 0), -100)
-        inputs = {
-            "input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-            "pixel_values": torch.cat(pixels), "image_grid_thw": torch.tensor(grids), "use_cache": False,
-        }
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, **collate(images), "use_cache": False}
         if takes_types:
             inputs["mm_token_type_ids"] = token_types
         batches.append(inputs)
