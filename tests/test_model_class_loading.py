@@ -1,6 +1,7 @@
 """A family that names a concrete ``model_class`` (mistral4, the vision-language MoEs) loads and builds at start-up:
 concrete transformers classes have ``_from_config`` only, auto classes ``from_config``."""
 
+import pytest
 import torch
 import transformers
 
@@ -48,3 +49,57 @@ def test_experts_stored_transposed_under_their_own_name_load_as_transformers_loa
     for key, weight in model.state_dict().items():
         assert torch.equal(weight, transformers_own[key]), key  # transformers undoes the layout ...
         assert torch.equal(weight, theirs[key]), key  # ... and so does Halo's sliced loader
+
+
+#: Composites a family builds whole (its ``model_class`` for the type, or ``AutoModelForCausalLM`` where that maps it),
+#: whose checkpoints transformers writes in the composite's layout: Qwen3.5's language-model experts one tensor each.
+COMPOSITES = [("gemma4", "gemma4"), ("qwen3-5-moe", "qwen3_5_moe")]
+
+
+@pytest.mark.parametrize("family, model_type", COMPOSITES, ids=[t for _, t in COMPOSITES])
+def test_a_composite_loads_whole_from_the_checkpoint_transformers_writes_and_saves_as_it(tmp_path, family, model_type):
+    """The vision tower is loaded too (not dropped by a text-only class), and a save writes the composite's own keys."""
+    from safetensors.torch import load_file
+
+    from halo_core.registry import discover
+    from halo_core.tiny import tiny_family_model
+
+    model = tiny_family_model(discover(strict=False).by_name(family).family, model_type)
+    model.save_pretrained(tmp_path / "in")
+    loaded = from_pretrained(tmp_path / "in", ParallelConfig(fsdp=False), dtype=torch.float32, device="cpu")
+    assert type(loaded) is type(model) and type(model).__name__.endswith("ForConditionalGeneration")
+    theirs = loaded.state_dict()
+    assert theirs.keys() == model.state_dict().keys()
+    assert all(torch.equal(weight, theirs[name]) for name, weight in model.state_dict().items())
+    loaded.save_pretrained(tmp_path / "out")
+    written, again = load_file(tmp_path / "in" / "model.safetensors"), load_file(tmp_path / "out" / "model.safetensors")
+    assert written.keys() == again.keys() and all(torch.equal(t, again[k]) for k, t in written.items())
+
+
+def _sliced_composite_load(rank, world, folder):
+    import torch.distributed as dist
+
+    from halo_core.parallel.layout_state import layout_of
+    from halo_core.registry import discover
+    from halo_core.testing.compare import assert_close
+    from halo_core.tiny import tiny_family_model
+
+    reference = tiny_family_model(discover(strict=False).by_name("qwen3-5-moe").family, "qwen3_5_moe", seed=7)
+    if rank == 0:
+        reference.save_pretrained(folder)
+    dist.barrier()
+    model = from_pretrained(folder, ParallelConfig(ep=2))
+    experts = [k for k in layout_of(model).reads if ".experts." in k]
+    assert experts and all(k.startswith("model.language_model.") for k in experts)
+    local = {int(k.split(".experts.")[1].split(".")[0]) for k in experts}
+    assert local == set(range(4 * rank, 4 * rank + 4)), local  # 8 experts at ep=2: only this rank's are opened
+    assert any(k.startswith("model.visual.") for k in layout_of(model).reads)
+    ids = torch.randint(0, 120, (2, 6), generator=torch.Generator().manual_seed(rank))
+    assert_close(model(input_ids=ids).logits, reference(input_ids=ids).logits, f"rank {rank}: logits after sliced load")
+
+
+def test_a_composite_checkpoint_with_one_tensor_per_expert_is_read_for_the_local_experts_only(tmp_path):
+    """Qwen3.5 has no conversion mapping of its own: its text part's (``qwen3_5_moe_text``) merges the experts."""
+    from halo_core.testing.spawn import spawn
+
+    spawn(_sliced_composite_load, 2, str(tmp_path))

@@ -64,11 +64,25 @@ class Checkpoint:
         return tensor
 
 
-def _expert_converter(model_type: str, name: str):
-    """transformers' converter producing the fused parameter ``name`` from per-expert tensors, if any."""
+def _conversions(model_type: str) -> list:
+    """transformers' conversion mapping for ``model_type``, then those of its sub-configs' types: transformers applies a
+    composite's text-part mapping to that part's keys (``qwen3_5_moe`` has none of its own, and its checkpoints store
+    the language model's experts one tensor each, as ``qwen3_5_moe_text``'s mapping reads them)."""
+    from transformers import CONFIG_MAPPING
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
-    for transform in get_checkpoint_conversion_mapping(model_type) or []:
+    found = list(get_checkpoint_conversion_mapping(model_type) or [])
+    config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+    for sub in (getattr(config_class, "sub_configs", None) or {}).values():
+        sub_type = getattr(getattr(sub, "config_class", sub), "model_type", None)
+        if sub_type and sub_type != model_type:
+            found += get_checkpoint_conversion_mapping(sub_type) or []
+    return found
+
+
+def _expert_converter(model_type: str, name: str):
+    """transformers' converter producing the fused parameter ``name`` from per-expert tensors, if any."""
+    for transform in _conversions(model_type):
         if type(transform).__name__ != "WeightConverter":
             continue
         for target in transform.target_patterns:
