@@ -1,4 +1,4 @@
-"""What every method's worker does first: join the process group, build the tokenizer and the model."""
+"""What every method's worker does first: join the process group, build the tokenizer (or processor) and the model."""
 
 from __future__ import annotations
 
@@ -24,12 +24,6 @@ def method_args(config_class, fields: dict):
     if not torch.cuda.is_available():
         fields = {"use_cpu": True, **fields}
     return config_class(**fields)
-
-
-def build_tokenizer(halo: HaloArguments):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(halo.model_name_or_path)
 
 
 def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels: int | None = None, pad_token_id: int | None = None):
@@ -97,13 +91,17 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     """
     from halo_core.trainers.parts.data import load_sources
 
+    from halo_core.trainers.parts.processor import build_processing_class
+
     init_distributed()
     args = method_args(config_class, run.trainer)
     parallel = run.halo.parallel_config()
-    tokenizer = build_tokenizer(run.halo)
+    dataset = load_sources(run.halo.dataset)
+    processing_class = build_processing_class(run.halo.model_name_or_path, dataset)  # a processor for image rows (SFT)
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
     labels = num_labels(args) if num_labels is not None else None
     model = build_model(run.halo, args, parallel, labels, tokenizer.pad_token_id if labels is not None else None)
-    model = with_adapters(model, run, args, parallel, tokenizer)
+    model = with_adapters(model, run, args, parallel, processing_class)
     if reference is not None and reference(args):
         trainer_kwargs["ref_model"] = lay_out_frozen(build_reference(run.halo, args, parallel), parallel)
     for keyword, (model_of_keyword, its_parallel) in (frozen(args, parallel) if frozen else {}).items():
@@ -111,8 +109,8 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     trainer = trainer_class(
         model=model,
         args=args,
-        train_dataset=load_sources(run.halo.dataset),
-        processing_class=tokenizer,
+        train_dataset=dataset,
+        processing_class=processing_class,
         parallel_config=parallel,
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
         compile_layers=run.halo.compile_layers,

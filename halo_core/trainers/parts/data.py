@@ -21,11 +21,38 @@ def load_source(source: DatasetSource):
         loaded = datasets.load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train")
     else:
         loaded = datasets.load_dataset(source.path, source.name, split=source.split)
-    return loaded.rename_columns(source.columns) if source.columns else loaded
+    loaded = loaded.rename_columns(source.columns) if source.columns else loaded
+    return images_from_paths(loaded, path.parent) if path.suffix in (".jsonl", ".json") else loaded
 
 
-def first_rows(source: DatasetSource, count: int = 64) -> list[dict] | None:
-    """The first rows of a local ``.jsonl`` source, read without ``datasets`` (for checks before start); else ``None``."""
+def image_paths(value, folder: Path) -> list[str]:
+    """A row's ``images`` (a list) or ``image`` (one) value as file paths, relative ones taken from ``folder``."""
+    values = value if isinstance(value, list) else [value]
+    return [str(folder / v) if isinstance(v, str) and not Path(v).is_absolute() else v for v in values]
+
+
+def images_from_paths(loaded, folder: Path):
+    """A JSON source names its images by file path, relative to the file: cast to ``datasets.Image``, so a row
+    holds the decoded images TRL's vision collator takes (as a hub or saved dataset with image features does)."""
+    import datasets
+
+    from halo_core.trainers.parts.processor import IMAGE_COLUMNS
+
+    for column in IMAGE_COLUMNS:
+        feature = loaded.features.get(column)
+        inner = getattr(feature, "feature", feature)
+        if not (isinstance(inner, datasets.Value) and inner.dtype in ("string", "large_string")):
+            continue  # already images (or not paths): as loaded
+        single = feature is inner
+        loaded = loaded.map(lambda row: {column: image_paths(row[column], folder)[0] if single else image_paths(row[column], folder)},
+                            keep_in_memory=True)
+        loaded = loaded.cast_column(column, datasets.Image() if single else datasets.List(datasets.Image()))
+    return loaded
+
+
+def first_rows(source: DatasetSource, count: int | None = 64) -> list[dict] | None:
+    """The first rows of a local ``.jsonl`` source (every row with ``count=None``), read without ``datasets`` (for checks
+    before start); else ``None``."""
     import json
 
     path = Path(source.path)

@@ -7,6 +7,7 @@ every step would stall the host until the GPU finished the previous step.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -17,7 +18,9 @@ class ThroughputMeter:
         self.since = time.perf_counter()
 
     def count(self, inputs) -> None:
-        if not isinstance(inputs, dict):  # raw rows (GRPO builds its batch later and counts it there)
+        # A processor's batch is a BatchFeature (a Mapping, not a dict); raw rows are a list (GRPO builds its batch
+        # later and counts it there).
+        if not isinstance(inputs, Mapping):
             return
         mask = inputs.get("attention_mask")
         ids = inputs.get("input_ids")
