@@ -63,11 +63,34 @@ def save_model(model, folder: str | Path, processing_class=None, *, base: bool =
         if adapters is not None and not base:
             peft_format.write_adapter(model, state, staging)
         else:
-            model.save_pretrained(staging, state_dict=state)
+            with whole_shapes(model, state):
+                model.save_pretrained(staging, state_dict=state)
         if processing_class is not None:
             processing_class.save_pretrained(staging)
         publish(staging, folder)
     barrier()
+
+
+@contextlib.contextmanager
+def whole_shapes(model, state: dict):
+    """``model.get_parameter`` answers with the whole tensor of ``state`` while transformers saves it.
+
+    ``save_pretrained`` reverts the model type's load-time conversions, and a ``Transpose(check_dims=True)``
+    (qwen3_vl_moe's experts) transposes a tensor whose shape differs from the live parameter's. Under EP the live
+    parameter is this rank's block of experts, so every expert weight was written transposed, and a square one
+    (gate_up_proj with 2 x moe_intermediate_size = hidden_size) loaded back transposed. Seen against the whole
+    tensor, the check writes what one process writes.
+    """
+    own = model.get_parameter
+
+    def get_parameter(name: str):
+        return state[name] if name in state else own(name)
+
+    model.get_parameter = get_parameter  # an instance attribute over the class's method, removed after
+    try:
+        yield
+    finally:
+        del model.get_parameter
 
 
 def publish(staging: Path, folder: Path) -> None:
