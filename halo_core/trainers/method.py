@@ -30,6 +30,9 @@ class Method:
     trainer: type | None = None
     #: Whether the worker builds the family's backbone under a sequence-classification head (``score``).
     sequence_classification: bool = False
+    #: Whether the trainer trains on image rows (an ``images`` column) with the model's processor (TRL's SFTTrainer does);
+    #: the launcher refuses image data for the others before start.
+    images: bool = False
 
 
 def known_methods() -> list[str]:

@@ -73,6 +73,9 @@ def check_run(run: RunConfig, world: int = 1) -> None:
     check_step_keys(run, args)
     if method.check is not None:
         method.check(run, args, world)
+    from halo_core.trainers.image_checks import check_images
+
+    check_images(run, method, args, world)  # after the method's own (grpo names the row with images)
     from halo_core.lora.checks import check_lora
 
     check_lora(run, world)
