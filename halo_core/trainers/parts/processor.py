@@ -54,13 +54,13 @@ def load_processor(model_path: str):
     except ImportError as exc:
         if "torchvision" not in str(exc).lower():
             raise
-        without = processor_without_video(_processor_class(model_path))
+        without = processor_without_video(processor_class_of(model_path))
         if without is None:
             raise
         return without.from_pretrained(model_path)
 
 
-def _processor_class(model_path: str):
+def processor_class_of(model_path: str):
     """The class ``AutoProcessor`` picks: the stored ``processor_class``, else the one transformers maps the model type to."""
     import transformers
     from transformers import AutoConfig
