@@ -6,6 +6,7 @@ Patterns are module names with ``*`` standing for exactly one path segment, so
 
 from __future__ import annotations
 
+import inspect
 import re
 from functools import lru_cache
 
@@ -52,6 +53,33 @@ def _fused_expert_count(module: nn.Module) -> int | None:
     return leading[0] if len(leading) >= 2 and len(set(leading)) == 1 else None
 
 
+#: The forward arguments of transformers' experts interface, after ``self``.
+INTERFACE_ARGUMENTS = ("hidden_states", "top_k_index", "top_k_weights")
+
+
+def has_interface_signature(module: nn.Module) -> bool:
+    """Whether ``module``'s forward takes exactly the experts interface's arguments (decorated or not)."""
+    try:
+        return tuple(inspect.signature(type(module).forward).parameters)[1:] == INTERFACE_ARGUMENTS
+    except (TypeError, ValueError):
+        return False
+
+
+def stacked_expert_count(module: nn.Module) -> int | None:
+    """Number of experts of a module called as the experts interface is, but without its fused 3-D weights: its
+    ``num_experts`` equal blocks stacked along dim 0 of every weight (DBRX's ``mlp.w1``, ``[E * I, H]``)."""
+    count = getattr(module, "num_experts", None)
+    weights = [p for p in module.parameters() if p.dim() >= 2]
+    if not isinstance(count, int) or count < 2 or not weights or not has_interface_signature(module):
+        return None
+    return count if all(p.shape[0] % count == 0 for p in weights) else None
+
+
+def expert_count(module: nn.Module) -> int | None:
+    """Number of experts if ``module`` holds them in a layout the core distributes (fused or stacked), else ``None``."""
+    return _fused_expert_count(module) or stacked_expert_count(module)
+
+
 def router_weight(router: nn.Module, num_experts: int, extra_classes: bool = False) -> nn.Parameter | None:
     """The router's ``[num_experts, hidden]`` projection: its own ``weight`` or that of a child (``router.proj``).
     ``extra_classes``: failing that, one with more rows, for a router that also scores classes with no weights
@@ -86,7 +114,8 @@ def _unique(items: list[str]) -> tuple[str, ...]:
 def infer_layout(model: nn.Module) -> dict[str, tuple[str, ...] | str]:
     """Read a family declaration's layout fields off an instantiated model.
 
-    A MoE block is a module with a child holding fused 3-D expert weights; its router
+    A MoE block is a module with a child holding fused 3-D expert weights (or, called as the
+    experts interface is, weights that stack its experts along dim 0); its router
     is the sibling whose weight has one row per expert, else one named or classed as a
     router or gate (its weight wider, its scores from an MLP). Attention modules are those
     whose class name ends in ``Attention``. Used by ``halo new-family`` to fill in a
@@ -97,7 +126,7 @@ def infer_layout(model: nn.Module) -> dict[str, tuple[str, ...] | str]:
         if type(module).__name__.endswith("Attention"):
             attention.append(name_pattern(name))
         for child_name, child in module.named_children():
-            count = _fused_expert_count(child)
+            count = expert_count(child)
             router_name = _router_child(module, child, count) if count is not None else None
             if router_name is not None:
                 blocks.append(name_pattern(name))

@@ -103,8 +103,9 @@ MAX_TINY_LAYERS = 6
 
 #: Per-type gaps in transformers' own defaults that no rule can infer; each says why.
 DEFAULT_GAPS: dict[str, dict[str, Any]] = {
-    # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare (real checkpoints carry it).
-    "dbrx": {"attn_config": {"rope_theta": 10000.0}},
+    # DbrxAttention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare, and clamps q/k/v to
+    # clip_qkv, whose default None torch.clamp refuses (released checkpoints carry both; DBRX's clip_qkv is 8).
+    "dbrx": {"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}},
     # The default layer_types include indexed (QSA) layers but leave the indexer's sizes unset (real checkpoints set them).
     "qwen4_exp_text": (_qsa := {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 8, "indexer_budget": 4, "indexer_compress_ratio": 2}),
     "qwen4_exp": {"text_config": _qsa},
@@ -113,19 +114,36 @@ DEFAULT_GAPS: dict[str, dict[str, Any]] = {
 }
 
 
-def top_k_key(model_type: str) -> str | None:
-    """The field holding experts-per-token in ``model_type``'s (text) config."""
+def _top_k_place(model_type: str) -> tuple[str | None, str] | None:
+    """Where ``model_type``'s (text) config holds experts-per-token: (sub-config key or ``None``, field)."""
     from transformers import AutoConfig
 
-    config = AutoConfig.for_model(model_type)
-    config = text_config(config)
+    config = text_config(AutoConfig.for_model(model_type))
     fields = config.to_dict()
-    return next((k for k in TOP_K_KEYS if k in fields), None)
+    places = [(None, fields)] + [(sub, fields[sub]) for sub in getattr(config, "sub_configs", {}) if isinstance(fields.get(sub), dict)]
+    return next(((sub, k) for sub, found in places for k in TOP_K_KEYS if k in found), None)
+
+
+def top_k_key(model_type: str) -> str | None:
+    """The field holding experts-per-token in ``model_type``'s (text) config, or in one of its sub-configs
+    (DBRX's ``ffn_config.moe_top_k``)."""
+    place = _top_k_place(model_type)
+    return place[1] if place else None
+
+
+def top_k_override(model_type: str, top_k: int) -> dict[str, Any]:
+    """The ``tiny_model`` overrides that set experts-per-token to ``top_k`` (nested for a sub-config's field)."""
+    place = _top_k_place(model_type)
+    if place is None:
+        return {}
+    sub, key = place
+    return {key: top_k} if sub is None else {sub: {key: top_k}}
 
 
 def config_top_k(config) -> int:
     config = text_config(config)
-    return next(getattr(config, k) for k in TOP_K_KEYS if getattr(config, k, None))
+    subs = [getattr(config, sub, None) for sub in getattr(config, "sub_configs", {})]
+    return next(getattr(c, k) for c in (config, *subs) if c is not None for k in TOP_K_KEYS if getattr(c, k, None))
 
 
 def _sizes(fields: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:

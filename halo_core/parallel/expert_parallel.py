@@ -10,18 +10,26 @@ combines them with the routing weights where they came from. Every reordering of
 backward that gathers (``row_order``).
 With expert-tensor parallelism the same path runs on the tokens its ETP group gathered,
 on a slice of each expert's intermediate dimension (``expert_tensor_parallel``).
+
+Experts outside the interface keep their own names and shapes. A module called as the interface is (the
+same forward arguments) but not decorated (DBRX's) runs its own forward on this rank's experts, its weights
+split by whole experts along dim 0 where they stack them (``[E * I, H]``). A block that routes another way
+(JetMoE's) names its ``[E, ...]`` expert weights and the arithmetic on this rank's experts (``compute``) and
+calls ``distributed_experts`` itself.
 """
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from halo_core.errors import LayoutError
+from halo_core.layout import has_interface_signature, stacked_expert_count
 from halo_core.parallel import expert_tensor_parallel as etp_engine
 from halo_core.parallel import grouped_experts
 from halo_core.parallel.dispatch import TokenDispatcher
@@ -49,6 +57,9 @@ class ExpertShard:
     etp_whole: tuple[str, ...] = ()
     #: Fused weight name -> its grouped LoRA (``halo_core.lora.grouped.ExpertLora``), applied in the grouped GEMM.
     lora: dict = field(default_factory=dict)
+    #: Expert parameter (its name under the experts module, dotted for a child's) -> rows per expert along dim 0:
+    #: 1 for ``[E, ...]`` weights, ``I`` for a ``[E * I, ...]`` stack.
+    rows: dict = field(default_factory=dict)
 
 
 class LocalDispatch:
@@ -64,16 +75,26 @@ class LocalDispatch:
         return torch.where(kept.unsqueeze(-1), expert_output, 0)
 
 
-def expert_parameters(experts: nn.Module, num_experts: int) -> list[str]:
-    """Names of the experts module's own parameters that have one slice per expert."""
-    return [n for n, p in experts.named_parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == num_experts]
+def expert_parameters(experts: nn.Module, num_experts: int) -> dict[str, int]:
+    """The experts module's parameters with one slice per expert, each with its rows per expert along dim 0.
+
+    Its own ``[E, ...]`` weights where it has any (the interface's layout); otherwise those of the module and its
+    children whose dim 0 stacks ``E`` equal blocks (DBRX's ``mlp.w1``, ``[E * I, H]``)."""
+    own = {n: 1 for n, p in experts.named_parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == num_experts}
+    if own:
+        return own
+    return {n: p.shape[0] // num_experts for n, p in experts.named_parameters() if p.dim() >= 2 and p.shape[0] % num_experts == 0}
 
 
 def count_experts(experts: nn.Module) -> int:
     shapes = [p.shape[0] for p in experts.parameters(recurse=False) if p.dim() == 3]
-    if not shapes:
-        raise LayoutError(f"{type(experts).__name__} holds no fused 3-D expert weights; implement wrap_moe_block in the family plugin")
-    return shapes[0]
+    if shapes:
+        return shapes[0]
+    stacked = stacked_expert_count(experts)
+    if stacked is not None:
+        return stacked
+    raise LayoutError(f"{type(experts).__name__} holds no fused 3-D expert weights, nor weights stacking num_experts experts "
+                      f"behind the experts interface's forward; implement wrap_moe_block in the family plugin")
 
 
 def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
@@ -85,28 +106,77 @@ def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
     return ALL_EXPERTS_FUNCTIONS[name]
 
 
-def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher | None, *, etp_rank: int = 0, etp_size: int = 1, etp_group=None) -> None:
+def _is_interface(experts: nn.Module) -> bool:
+    return hasattr(type(experts).forward, "__wrapped__") and hasattr(experts, "is_transposed")
+
+
+def _own_forward(experts: nn.Module, rows: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """An undecorated experts module's own forward (its class's, eager) on this rank's experts, one row per pair.
+
+    A rank that receives no rows runs one zero row of weight zero after them: modeling code need not take empty
+    inputs (DBRX's reshapes to ``[0, -1, hidden]``). The row is appended to the received ones, so the backward still
+    runs through the exchange that brought them, a collective every rank must join."""
+    received = rows.shape[0]
+    if received == 0:
+        rows = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+        top_k_index = torch.cat([top_k_index, top_k_index.new_zeros(1, top_k_index.shape[1])])
+        top_k_weights = torch.cat([top_k_weights, top_k_weights.new_zeros(1, top_k_weights.shape[1])])
+    return type(experts).forward(experts, rows, top_k_index, top_k_weights).reshape(rows.shape[0], -1)[:received]
+
+
+def _undecorated_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    """What an undecorated experts module's forward becomes under EP (transformers cannot switch it): the
+    ``halo_ep`` path, on tokens of any leading shape (DBRX passes ``[batch, seq, hidden]``), shaped as they came."""
+    flat = hidden_states.reshape(-1, hidden_states.shape[-1])
+    return expert_parallel_forward(self, flat, top_k_index, top_k_weights).view(hidden_states.shape)
+
+
+def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher | None, *, etp_rank: int = 0, etp_size: int = 1, etp_group=None,
+                  parameters: Iterable[str] | None = None, compute: Callable[..., torch.Tensor] | None = None) -> None:
     """Keep this rank's block of experts (and, with ETP, its slice of their intermediate dimension) in place,
-    and register what the ``halo_ep`` forward needs with the layout."""
-    if not hasattr(type(experts).forward, "__wrapped__") or not hasattr(experts, "is_transposed"):
-        raise LayoutError(
-            f"{type(experts).__name__} does not use transformers' @use_experts_implementation, so the core "
-            f"cannot distribute it; implement wrap_moe_block in the family plugin"
-        )
-    num_experts = count_experts(experts)
+    and register what the ``halo_ep`` forward needs with the layout.
+
+    ``experts``: a module at transformers' experts interface, or one with its forward arguments but not its
+    decorator (whose forward this switches to the ``halo_ep`` path). A block that routes without the interface
+    names its ``[E, ...]`` expert weights (``parameters``, dotted names under ``experts``) and the arithmetic on
+    this rank's experts (``compute(experts, rows, local_ids[R, 1], weights[R, 1])``), and calls ``distributed_experts``."""
+    undecorated = compute is None and not _is_interface(experts)
+    if undecorated:
+        if not has_interface_signature(experts):
+            raise LayoutError(
+                f"{type(experts).__name__} does not use transformers' @use_experts_implementation, nor take its forward "
+                f"arguments, so the core cannot distribute it; implement wrap_moe_block in the family plugin"
+            )
+        compute = _own_forward
+    if etp_size > 1 and compute is not None:
+        raise LayoutError(f"{type(experts).__name__} is not at transformers' experts interface; expert-tensor parallelism "
+                          f"slices the interface's weights (gate_up_proj/up_proj, down_proj): drop etp")
+    if parameters is not None:
+        parameters = list(parameters)
+        num_experts = experts.get_parameter(parameters[0]).shape[0]
+        rows = {n: 1 for n in parameters}
+    else:
+        num_experts = count_experts(experts)
+        rows = expert_parameters(experts, num_experts)
     count = num_experts // ep_size
     first = ep_rank * count
-    inner = _inner_implementation(experts)
+    inner = compute or _inner_implementation(experts)
     splits, whole = etp_engine.intermediate_splits(experts) if etp_size > 1 else ({}, [])
-    for name in expert_parameters(experts, num_experts):
-        full = getattr(experts, name)
-        local = full.detach()[first : first + count]
+    for name, per_expert in rows.items():
+        owner_name, _, leaf = name.rpartition(".")
+        owner = experts.get_submodule(owner_name) if owner_name else experts
+        full = getattr(owner, leaf)
+        if full.shape[0] != num_experts * per_expert:
+            raise LayoutError(f"{type(experts).__name__}.{name} has {full.shape[0]} rows, not {num_experts} experts' worth")
+        local = full.detach()[first * per_expert : (first + count) * per_expert]
         if name in splits:
             local = etp_engine.take_slice(local, splits[name], etp_rank, etp_size)
-        setattr(experts, name, nn.Parameter(local.clone(), requires_grad=full.requires_grad))
+        setattr(owner, leaf, nn.Parameter(local.clone(), requires_grad=full.requires_grad))
     experts.num_experts = count
+    if undecorated:
+        experts.forward = types.MethodType(_undecorated_forward, experts)
     register_shard(experts, ExpertShard(
-        first, count, num_experts, ep_size, dispatcher or LocalDispatch(), inner, etp_size, etp_rank, etp_group, splits, tuple(whole)
+        first, count, num_experts, ep_size, dispatcher or LocalDispatch(), inner, etp_size, etp_rank, etp_group, splits, tuple(whole), rows=rows
     ))
 
 
@@ -165,6 +235,8 @@ def _row_experts(counts: torch.Tensor, rows: int, count: int) -> torch.Tensor:
 
 
 ALL_EXPERTS_FUNCTIONS.register(IMPLEMENTATION, expert_parallel_forward)
+#: For a block that routes without the interface (``shard_experts(compute=...)``): its experts, distributed.
+distributed_experts = expert_parallel_forward
 
 
 def uses_expert_parallel(module: nn.Module) -> bool:

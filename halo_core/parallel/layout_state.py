@@ -69,7 +69,24 @@ class ModelLayout:
 
     def expert_shard(self, parameter: str):
         """The ``ExpertShard`` of the module holding expert parameter ``parameter`` (a ``named_parameters`` name)."""
-        return self.experts[parameter.rsplit(".", 1)[0]]
+        return self.experts[self._experts_module(parameter)]
+
+    def expert_rows(self, parameter: str) -> tuple[int, int]:
+        """The rows along dim 0 of the whole parameter that this rank's experts hold (``rows`` per expert)."""
+        module = self._experts_module(parameter)
+        shard = self.experts[module]
+        per_expert = shard.rows.get(parameter[len(module) + 1 :], 1)
+        return shard.first * per_expert, (shard.first + shard.count) * per_expert
+
+    def _experts_module(self, parameter: str) -> str:
+        """The experts module ``parameter`` is under: its own (``...experts.gate_up_proj``) or an ancestor
+        (DBRX's ``...experts.mlp.w1``, JetMoE's ``...mlp.input_linear.weight``)."""
+        module = parameter.rsplit(".", 1)[0]
+        while module not in self.experts:
+            if "." not in module:
+                raise KeyError(f"{parameter} is under no experts module of the layout")
+            module = module.rsplit(".", 1)[0]
+        return module
 
     def group(self, dim: str):
         """Process group of a mesh dimension, or of a named set of them:

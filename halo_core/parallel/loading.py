@@ -214,11 +214,10 @@ def sequence_head(hf_config, num_labels: int, pad_token_id: int | None) -> None:
 
 
 def expert_rows(model: nn.Module, name: str) -> tuple[int, int] | None:
-    """The experts (rows along dim 0) this rank holds of the parameter ``name``; ``None`` if it is not expert-sharded."""
+    """The rows along dim 0 of the parameter ``name`` that this rank's experts hold; ``None`` if it is not expert-sharded."""
     if name not in layout_of(model).expert_params:
         return None
-    shard = layout_of(model).expert_shard(name)
-    return shard.first, shard.first + shard.count
+    return layout_of(model).expert_rows(name)
 
 
 def _unsliced_shape(model: nn.Module, name: str, param: torch.Tensor) -> tuple[int, ...]:

@@ -66,11 +66,12 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     model = adapt_model(model, registry, record, context)
 
     expert_modules = [(n, m) for n, m in model.named_modules() if expert_parallel.uses_expert_parallel(m)]
-    if expert_modules:
+    interface = [m for _, m in expert_modules if hasattr(m, "is_transposed")]  # others run halo_ep through their forward
+    if interface:
         model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
-        for _, experts in expert_modules:  # an interface module a family put in a model transformers will not switch (Llama 4)
+        for experts in interface:  # an interface module a family put in a model transformers will not switch (Llama 4)
             experts.config._experts_implementation_internal = expert_parallel.IMPLEMENTATION
-    elif dims.ep * dims.etp > 1:
+    if not expert_modules and dims.ep * dims.etp > 1:
         raise LayoutError(f"ep={dims.ep}, etp={dims.etp} asked, but family {record.name!r} distributed no experts in {type(model).__name__}")
     if any(context_parallel.uses_context_parallel(m) for m in model.modules()):
         model.set_attn_implementation(context_parallel.IMPLEMENTATION)
@@ -82,9 +83,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
 def _finish(model: nn.Module, config: ParallelConfig, dims, mesh, expert_modules: list[tuple[str, nn.Module]], family=None) -> nn.Module:
     experts = {name: shard_of(module) for name, module in expert_modules}
     attention = {name: shard_of(module) for name, module in model.named_modules() if context_parallel.uses_context_parallel(module)}
-    expert_params = frozenset(
-        f"{name}.{p}" for name, module in expert_modules for p in expert_parallel.expert_parameters(module, experts[name].count)
-    )
+    expert_params = frozenset(f"{name}.{p}" for name, shard in experts.items() for p in shard.rows)
     etp_whole = frozenset(f"{name}.{p}" for name, shard in experts.items() if shard.etp_size > 1 for p in shard.etp_whole)
     tp_partial = tensor_parallel.partial_gradient_parameters(model, family) if dims.tp > 1 else frozenset()
     use_fsdp = config.fsdp and mesh is not None

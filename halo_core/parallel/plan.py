@@ -17,7 +17,7 @@ from halo_core.errors import LayoutError
 from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors, ep_degrees
 
 #: Config fields that hold a MoE model's expert count and its experts' intermediate width.
-EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 EXPERT_WIDTH_FIELDS = ("moe_intermediate_size", "intermediate_size")
 #: Each split's degree as a run's YAML names it.
 RUN_FIELDS = {"ep": "expert_parallel_size", "etp": "expert_tensor_parallel_size", "tp": "tensor_parallel_size", "cp": "context_parallel_size"}
@@ -72,9 +72,14 @@ def uses_grouped_mm(experts_implementation: str | None) -> bool:
 
 
 def first_field(model_config, fields: tuple[str, ...]) -> int | None:
-    """The first of ``fields`` the (text) config sets to a non-zero value."""
+    """The first of ``fields`` the (text) config sets to a non-zero value, else one of its sub-configs does
+    (DBRX counts its experts in ``ffn_config``)."""
     text = text_config(model_config)
-    return next((getattr(text, f) for f in fields if getattr(text, f, None)), None)
+    found = next((getattr(text, f) for f in fields if getattr(text, f, None)), None)
+    if found is None:
+        subs = [getattr(text, key, None) for key in getattr(text, "sub_configs", {})]
+        found = next((getattr(sub, f) for sub in subs if sub is not None for f in fields if getattr(sub, f, None)), None)
+    return found
 
 
 def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, itemsize: int = 2,

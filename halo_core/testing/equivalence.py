@@ -37,7 +37,7 @@ from halo_core.registry import discover
 from halo_core.testing.compare import RTOL, assert_close, relative_error
 from halo_core.testing.routing import starve_experts
 from halo_core.testing.spawn import spawn
-from halo_core.tiny import config_top_k, tiny_config, tiny_model, top_k_key
+from halo_core.tiny import config_top_k, tiny_config, tiny_model, top_k_key, top_k_override
 
 #: Three of eight experts per token, so top-k exceeds the two experts each rank holds at ep=4.
 KIT_TOP_K = 3
@@ -74,9 +74,8 @@ def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = T
     not, it gets as many key/value heads as query heads.
     """
     family = record.family
-    kit = {"output_router_logits": aux_loss}
-    if top_k_key(model_type):
-        kit[top_k_key(model_type)] = KIT_TOP_K
+    kit_top_k = top_k_override(model_type, KIT_TOP_K)
+    kit = {"output_router_logits": aux_loss, **kit_top_k}
     if head_split > 1:
         text = text_config(tiny_config(model_type, dict(family.tiny_config)))
         if getattr(text, "num_key_value_heads", None) and text.num_key_value_heads % head_split:
@@ -87,7 +86,7 @@ def uneven_model(record, model_type: str, ep: int, seed: int, aux_loss: bool = T
         key = top_k_key(model_type)
         if key is None or key not in str(exc):
             raise
-        model = tiny_model(model_type, {**{k: v for k, v in kit.items() if k != key}, **family.tiny_config}, model_class=family.class_for(model_type), seed=seed)
+        model = tiny_model(model_type, {**{k: v for k, v in kit.items() if k not in kit_top_k}, **family.tiny_config}, model_class=family.class_for(model_type), seed=seed)
     model.train()
     top_k = config_top_k(model.config)
     _, block = find_moe_blocks(model, family)[0]
