@@ -60,11 +60,13 @@ def _meta_model(run):
 
 
 def _check_targets(run, model, config, world: int = 1) -> None:
-    from halo_core.lora.inject import LoraError, for_model, inject_dense, inject_parameter, plan_targets
+    from halo_core.lora.inject import LoraError, experts_outside_interface, for_model, inject_dense, inject_parameter, plan_targets, refuse_split_experts
 
     config = for_model(config, model)
     try:
         targets = plan_targets(model, config)
+        if run.halo.parallel_config().ep != 1:
+            refuse_split_experts(targets.parameters, experts_outside_interface(model))
         if targets.dense is not None:
             inject_dense(model, targets.dense)
         for key in targets.parameters:

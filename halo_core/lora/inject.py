@@ -56,6 +56,36 @@ def is_experts(module: nn.Module) -> bool:
         p.dim() == 3 for p in module.parameters(recurse=False))
 
 
+def experts_outside_interface(model: nn.Module) -> frozenset[str]:
+    """Names of the expert weights of MoE blocks whose experts are not at transformers' interface (DBRX's stacked
+    ``mlp.w1``, JetMoE's ``input_linear.weight``): expert parallelism splits them, and only stock PEFT could adapt
+    them, whole. Everything in such a block but its router."""
+    from halo_core.layout import find_moe_blocks
+    from halo_core.registry import discover
+
+    record = discover(strict=False).family_record(model.config.model_type)
+    if record is None or not record.ok:
+        return frozenset()
+    family = record.family
+    names = set()
+    for block_name, block in find_moe_blocks(model, family):
+        if is_experts(getattr(block, family.experts)):
+            continue
+        router = {id(p) for p in getattr(block, family.router).parameters()}
+        names |= {f"{block_name}.{n}" for n, p in block.named_parameters() if id(p) not in router}
+    return frozenset(names)
+
+
+def refuse_split_experts(keys, outside: frozenset[str]) -> None:
+    """LoRA on expert weights outside the interface, under expert parallelism: each rank would hold stock PEFT's
+    adapter of its own slice of the experts, which no one-process run has."""
+    hit = [key for key in keys if key in outside]
+    if hit:
+        raise LoraError(f"lora_target_parameters: {hit[0]} is an expert weight outside transformers' experts interface; expert "
+                        f"parallelism splits it and Halo's grouped LoRA cannot adapt it: drop it from the targets, or train "
+                        f"at expert_parallel_size: 1 (stock PEFT adapts it whole)")
+
+
 def plan_targets(model: nn.Module, config) -> Targets:
     """Split ``config``'s targets into stock PEFT's and the grouped LoRA's (fused expert weights).
 
@@ -204,6 +234,8 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
             torch.manual_seed(seed)
             split_dense_over_tp(model, layout, config.init_lora_weights)
     expert_names, whole_grad, shards = set(), set(), {}
+    if layout.dims.ep > 1:
+        refuse_split_experts(targets.parameters, experts_outside_interface(model))
     for key in targets.parameters:
         module_name, weight = key.rsplit(".", 1)
         if module_name not in targets.experts:
