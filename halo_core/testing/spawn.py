@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import tempfile
 import traceback
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,6 +19,8 @@ from torch.multiprocessing.spawn import ProcessException
 from halo_core.parallel.process_exit import forget_parent_exit_handlers, leave
 
 
+#: Longer than any rank waits for a slower one in the kits (a compile, a float64 reference) on a loaded 2-core machine.
+COLLECTIVE_TIMEOUT = timedelta(minutes=5)
 #: What every rank imports anyway, imported once by the fork server.
 PRELOAD = ["torch.distributed.fsdp", "transformers.modeling_utils", "halo_core.parallel", "halo_core.testing.equivalence"]
 
@@ -58,8 +61,9 @@ def _rank_main(rank: int, world: int, errors: str, fn: Callable[..., Any], args:
     faults = open(Path(errors, f"fault{rank:03d}.txt"), "w")  # a native crash (abort, segfault) still says where
     faulthandler.enable(faults, all_threads=True)
     try:
-        # A file store needs no free port (a port picked in advance can be taken before the ranks bind it).
-        dist.init_process_group("gloo", init_method=f"file://{errors}/store", rank=rank, world_size=world)
+        # A file store needs no free port (a port picked in advance can be taken before the ranks bind it). A
+        # collective one rank never joins fails after COLLECTIVE_TIMEOUT, naming it, instead of hanging the suite.
+        dist.init_process_group("gloo", init_method=f"file://{errors}/store", rank=rank, world_size=world, timeout=COLLECTIVE_TIMEOUT)
         fn(rank, world, *args)
         dist.barrier()
     except BaseException:
