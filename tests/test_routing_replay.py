@@ -105,8 +105,10 @@ def test_replay_reaches_every_bundled_familys_routers(family, model_type):
 
     def capture(module, args, kwargs):  # the experts' integer input: the chosen experts, whatever the family calls it
         chosen = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and not a.is_floating_point()]
+        # JetMoE's experts take their rows sorted by expert and each expert's count, a list.
+        counts = [torch.tensor(a) for a in args if isinstance(a, list) and a and all(isinstance(n, int) for n in a)]
         # Llama 4's experts take every (expert, token) row, scaled by its score: the zero rows are the unchosen experts.
-        seen.append(chosen[0].clone() if chosen else args[0].abs().sum(-1) != 0)
+        seen.append(chosen[0].clone() if chosen else counts[0] if counts else args[0].abs().sum(-1) != 0)
 
     hooks = [getattr(block, family.experts).register_forward_pre_hook(capture, with_kwargs=True) for _, block in find_moe_blocks(model, family)]
     ids = torch.randint(3, 50, (2, 9), generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,5 @@
+from halo_core.testing import check_family
+
+
+def test_halo_plugin_dbrx_passes_the_conformance_kit():
+    check_family('dbrx')
