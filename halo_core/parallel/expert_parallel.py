@@ -78,11 +78,12 @@ class LocalDispatch:
 def expert_parameters(experts: nn.Module, num_experts: int) -> dict[str, int]:
     """The experts module's parameters with one slice per expert, each with its rows per expert along dim 0.
 
-    Its own ``[E, ...]`` weights where it has any (the interface's layout); otherwise those of the module and its
-    children whose dim 0 stacks ``E`` equal blocks (DBRX's ``mlp.w1``, ``[E * I, H]``)."""
-    own = {n: 1 for n, p in experts.named_parameters(recurse=False) if p.dim() >= 2 and p.shape[0] == num_experts}
-    if own:
-        return own
+    Its and its children's ``[E, ...]`` weights where it has any (the interface's layout; Ergo's per-expert
+    ``post_expert_norm.weight`` beside it); otherwise those whose dim 0 stacks ``E`` equal blocks (DBRX's
+    ``mlp.w1``, ``[E * I, H]``)."""
+    exact = {n: 1 for n, p in experts.named_parameters() if p.dim() >= 2 and p.shape[0] == num_experts}
+    if exact:
+        return exact
     return {n: p.shape[0] // num_experts for n, p in experts.named_parameters() if p.dim() >= 2 and p.shape[0] % num_experts == 0}
 
 
@@ -106,7 +107,10 @@ def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
     return ALL_EXPERTS_FUNCTIONS[name]
 
 
-def _is_interface(experts: nn.Module) -> bool:
+def is_interface(experts: nn.Module) -> bool:
+    """Whether the module's own forward is transformers' dispatching one (``@use_experts_implementation``). Not so
+    for a subclass whose forward calls the decorated one and adds to it (Ergo's per-expert norm): the model's
+    implementation must stay its own for that inner call, and the subclass's forward is switched instead."""
     return hasattr(type(experts).forward, "__wrapped__") and hasattr(experts, "is_transposed")
 
 
@@ -140,7 +144,7 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
     decorator (whose forward this switches to the ``halo_ep`` path). A block that routes without the interface
     names its ``[E, ...]`` expert weights (``parameters``, dotted names under ``experts``) and the arithmetic on
     this rank's experts (``compute(experts, rows, local_ids[R, 1], weights[R, 1])``), and calls ``distributed_experts``."""
-    undecorated = compute is None and not _is_interface(experts)
+    undecorated = compute is None and not is_interface(experts)
     if undecorated:
         if not has_interface_signature(experts):
             raise LayoutError(

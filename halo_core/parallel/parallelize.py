@@ -66,7 +66,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
     model = adapt_model(model, registry, record, context)
 
     expert_modules = [(n, m) for n, m in model.named_modules() if expert_parallel.uses_expert_parallel(m)]
-    interface = [m for _, m in expert_modules if hasattr(m, "is_transposed")]  # others run halo_ep through their forward
+    interface = [m for _, m in expert_modules if expert_parallel.is_interface(m)]  # others run halo_ep through their forward
     if interface:
         model.set_experts_implementation(expert_parallel.IMPLEMENTATION)
         for experts in interface:  # an interface module a family put in a model transformers will not switch (Llama 4)
