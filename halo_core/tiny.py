@@ -61,6 +61,7 @@ TINY_SIZES: dict[str, Any] = {
     "ssm_state_size": 16,
     "n_groups": 2,
     "index_n_heads": 4,
+    "index_num_heads": 2,
     "zero_expert_num": 2,
     "d_ff": 64,
     "encoder_ffn_dim": 64,
@@ -198,6 +199,13 @@ def _is_layer_index_list(values) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= i for i, v in enumerate(values)) and max(values) > 1
 
 
+def _is_layer_set(key: str, values, count: int) -> bool:
+    """A list naming some of the layers by index (Kolibri's ``mlp_only_layers`` and ``index_layers``): each kept
+    layer keeps its membership, so two dense leading layers of fifty do not make both tiny layers dense."""
+    return (key.endswith("_layers") and isinstance(values, (list, tuple)) and bool(values) and list(values) == sorted(set(values))
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < count for v in values))
+
+
 def _layer_indices(kinds: dict[str, list], count: int, target: int) -> list[int]:
     """Which of ``count`` layers a tiny model keeps: the first and the last, and the first layer of every kind not yet
     kept in any per-layer field (so a hybrid model keeps an attention and a linear-attention layer, a dense and a
@@ -256,7 +264,8 @@ def _layers(default, fields: Mapping[str, Any], aliases: Mapping[str, str], targ
     keyed = {k: m for k, v in fields.items()
              if "layer" in k and (m := _layer_keyed(v)) is not None and all(0 <= i < count for i in m) and count > target}
     unset = {k: kinds for k, v in fields.items() if v is None and k.endswith("layer_types") and (kinds := _named_kinds(type(default), k))}
-    chosen = [k for k in (*lists, *keyed, *unset) if aliases.get(k, k) in {aliases.get(o, o) for o in overrides}]
+    sets = {k: v for k, v in fields.items() if k not in lists and _is_layer_set(k, v, count) and count > target}
+    chosen = [k for k in (*lists, *keyed, *unset, *sets) if aliases.get(k, k) in {aliases.get(o, o) for o in overrides}]
     if layers_key in overrides or chosen:
         given = next((overrides[k] for k in chosen if isinstance(overrides[k], (list, tuple))), None)
         return {} if layers_key in overrides or given is None else {layers_key: len(given)}
@@ -266,9 +275,9 @@ def _layers(default, fields: Mapping[str, Any], aliases: Mapping[str, str], targ
         kwargs = {k: (kinds * target)[:target] for k, kinds in unset.items()}
         kwargs[layers_key] = target
         return kwargs
-    if not lists and not keyed:
+    if not lists and not keyed and not sets:
         return {}
-    kinds = {**lists, **{k: [m.get(i) for i in range(count)] for k, m in keyed.items()}}
+    kinds = {**lists, **{k: [m.get(i) for i in range(count)] for k, m in keyed.items()}, **{k: [i in v for i in range(count)] for k, v in sets.items()}}
     kinds = {k: v for k, v in kinds.items() if not _size_per_layer(k) and not (k in lists and _is_layer_index_list(v))}
     kept = _layer_indices(kinds, count, target)
     kwargs[layers_key] = len(kept)
@@ -283,6 +292,8 @@ def _layers(default, fields: Mapping[str, Any], aliases: Mapping[str, str], targ
             kwargs[key][-1] = "full_attention"  # a tiny model keeps one attention layer, so attention is declared and checked
     for key, mapping in keyed.items():
         kwargs[key] = {new: _shrunk_values(mapping[old], aliases) for new, old in enumerate(kept) if old in mapping}
+    for key, values in sets.items():  # renumbered: the kept layers it named
+        kwargs[key] = [new for new, old in enumerate(kept) if old in values]
     for key, kinds_ in unset.items():
         kwargs[key] = (kinds_ * len(kept))[: len(kept)]
     return kwargs

@@ -40,3 +40,18 @@ def test_an_optional_sub_config_the_default_leaves_unset_is_built_tiny_where_ask
     vision = tiny_config("gemma4", {"vision_config": {"patch_size": 4}}).vision_config
     assert vision.hidden_size == 32 and vision.num_hidden_layers == 2 and vision.patch_size == 4
     assert not hasattr(tiny_config("gemma4_text", {"vision_config": {}}), "vision_config")  # a type without it ignores it
+
+
+def test_lists_naming_layers_keep_each_kept_layers_membership():
+    """Kolibri 1.1 names its two dense leading layers and its indexer layers by index among fifty: cut to the kept
+    layers and renumbered, the tiny stack keeps a dense layer, a sparse one and an indexer (both dense before)."""
+    from halo_core.layout import infer_layout
+
+    config = tiny_config("kolibri1_1")
+    layers = range(config.num_hidden_layers)
+    assert set(config.mlp_only_layers) < set(layers) and config.mlp_only_layers
+    assert config.index_layers and all(config.layer_types[i] == "indexed_attention" for i in config.index_layers)
+    model = tiny_model("kolibri1_1")
+    assert infer_layout(model)["moe_block"]
+    ids = torch.randint(0, 100, (2, 7))
+    assert torch.isfinite(model(input_ids=ids, labels=ids).loss)
