@@ -262,8 +262,8 @@ def _sliced_load(rank, world, folder, model_type, overrides):
 
 @pytest.mark.parametrize(
     "model_type, overrides",
-    [("qwen3_moe", {}), ("gpt_oss", {"attn_implementation": "eager"})],
-    ids=["per-expert-tensors", "fused-experts"],
+    [("qwen3_moe", {}), ("gpt_oss", {"attn_implementation": "eager"}), ("mixtral", {})],
+    ids=["per-expert-tensors", "fused-experts", "renamed-per-expert-tensors"],
 )
 def test_from_pretrained_reads_only_the_local_experts(tmp_path, model_type, overrides):
     spawn(_sliced_load, 2, str(tmp_path), model_type, overrides)

@@ -2,11 +2,10 @@
 
 The model is built with its parameters on the meta device (buffers real), laid out by
 ``parallelize``, materialised, and filled from the safetensors files: every rank reads
-the non-expert tensors and only its own block of experts. Checkpoints that store experts
-fused (``...experts.gate_up_proj``) are sliced on read; checkpoints that store one tensor
-per expert (``...experts.7.gate_proj.weight``, what transformers writes for Qwen3-MoE)
-are read for the local experts only and merged as transformers' own conversion mapping
-for the model type says (``MergeModulelist`` then ``Concatenate``).
+the non-expert tensors and only its own block of experts. Keys are renamed and converted as
+transformers' own conversion mapping says (``conversion``): experts stored fused are sliced on
+read, experts stored one tensor each (what transformers writes for Qwen3-MoE and Mixtral) are
+read for the local experts only and merged as the mapping merges them.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from halo_core.errors import HaloError
+from halo_core.parallel import conversion
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.expert_tensor_parallel import take_slice
 from halo_core.parallel.layout_state import layout_of
@@ -62,83 +62,6 @@ class Checkpoint:
             tensor = handle.get_slice(key)[rows[0] : rows[1]] if rows else handle.get_tensor(key)
         self.log.reads[key] = rows
         return tensor
-
-
-def _conversions(model_type: str) -> list:
-    """transformers' conversion mapping for ``model_type``, then those of its sub-configs' types: transformers applies a
-    composite's text-part mapping to that part's keys (``qwen3_5_moe`` has none of its own, and its checkpoints store
-    the language model's experts one tensor each, as ``qwen3_5_moe_text``'s mapping reads them)."""
-    from transformers import CONFIG_MAPPING
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-
-    found = list(get_checkpoint_conversion_mapping(model_type) or [])
-    config_class = CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
-    for sub in (getattr(config_class, "sub_configs", None) or {}).values():
-        sub_type = getattr(getattr(sub, "config_class", sub), "model_type", None)
-        if sub_type and sub_type != model_type:
-            found += get_checkpoint_conversion_mapping(sub_type) or []
-    return found
-
-
-def _expert_converter(model_type: str, name: str):
-    """transformers' converter producing the fused parameter ``name`` from per-expert tensors, if any."""
-    for transform in _conversions(model_type):
-        if type(transform).__name__ != "WeightConverter":
-            continue
-        for target in transform.target_patterns:
-            if name.endswith(target.lstrip(".")):
-                return transform, name[: len(name) - len(target.lstrip("."))]
-    return None, None
-
-
-def _same_name_conversion(model_type: str, name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``tensor`` as transformers' loading would leave it where the checkpoint stores ``name`` under its own name in
-    another layout (qwen3_vl_moe's experts, saved as [E, H, 2I] for a [E, 2I, H] parameter): its ``Transpose``
-    steps, applied as transformers applies them (with ``check_dims``, only where the trailing shape differs)."""
-    converter, _ = _expert_converter(model_type, name)
-    if converter is None or list(converter.source_patterns) != list(converter.target_patterns):
-        return tensor
-    for operation in converter.operations:
-        if type(operation).__name__ != "Transpose":
-            raise CheckpointError(f"{name}: transformers converts it in place with {type(operation).__name__}, which the "
-                                  f"sliced loader does not apply; load with transformers' from_pretrained, then parallelize()")
-        if not operation.check_dims or tuple(tensor.shape[1:]) != tuple(shape[1:]):
-            tensor = tensor.transpose(operation.dim0, operation.dim1).contiguous()
-    return tensor
-
-
-def _read_expert_block(checkpoint: Checkpoint, model_type: str, name: str, rows: tuple[int, int], shape: tuple[int, ...]) -> torch.Tensor:
-    """Experts ``rows[0]..rows[1]-1`` of the fused parameter ``name`` (of global ``shape``), sliced or merged on read."""
-    if name in checkpoint:
-        return _same_name_conversion(model_type, name, checkpoint.read(name, rows), shape)
-    converter, prefix = _expert_converter(model_type, name)
-    if converter is None:
-        raise CheckpointError(
-            f"{name} is not in {checkpoint.folder} and no transformers conversion for {model_type!r} produces it; "
-            f"is this a {model_type} checkpoint written by transformers?"
-        )
-    pieces = []
-    for pattern in converter.source_patterns:
-        keys = [prefix + pattern.lstrip(".").replace("*", str(expert)) for expert in range(*rows)]
-        missing = [k for k in keys if k not in checkpoint]
-        if missing:
-            raise CheckpointError(f"checkpoint lacks {missing[0]} (needed for {name}); it does not match {model_type!r}'s layout")
-        pieces.append([checkpoint.read(k) for k in keys])
-    tensors = None
-    for operation in converter.operations:
-        kind = type(operation).__name__
-        if kind == "MergeModulelist":
-            tensors = [torch.stack(p, dim=operation.dim) for p in pieces]
-        elif kind == "Concatenate" and tensors is not None:
-            tensors = [torch.cat(tensors, dim=operation.dim)]
-        else:
-            raise CheckpointError(
-                f"{name}: transformers converts it with {kind}, which the sliced loader does not apply; "
-                f"load with transformers' from_pretrained, then parallelize()"
-            )
-    if tensors is None or len(tensors) != 1:
-        raise CheckpointError(f"{name}: transformers' conversion for {model_type!r} does not end in one tensor")
-    return tensors[0]
 
 
 def build_from_config(model_class, hf_config, **kwargs):
@@ -231,6 +154,15 @@ def _unsliced_shape(model: nn.Module, name: str, param: torch.Tensor) -> tuple[i
     return tuple(shape)
 
 
+def _whole_shape(model: nn.Module, name: str, param: torch.Tensor) -> tuple[int, ...]:
+    """``param``'s shape on one process: every expert's rows, no ETP slice."""
+    shape = list(_unsliced_shape(model, name, param))
+    if name in layout_of(model).expert_params:
+        shard = layout_of(model).expert_shard(name)
+        shape[0] = shape[0] // shard.count * shard.num_experts
+    return tuple(shape)
+
+
 def place(model: nn.Module, name: str, param: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
     """``block`` (whole, or this rank's experts of an expert parameter) laid out like ``param``.
 
@@ -267,37 +199,65 @@ def _new_head_block(model: nn.Module, name: str, seed: int) -> torch.Tensor | No
 
 @torch.no_grad()
 def load_into(model: nn.Module, path: str | Path, new_head_seed: int | None = None) -> ReadLog:
-    """Fill a laid-out model's parameters from a Hugging Face checkpoint folder, reading only local experts.
+    """Fill a laid-out model's weights (and persistent buffers: DeepSeek's routing correction bias) from a Hugging Face
+    checkpoint folder, reading only local experts, its keys renamed and converted as transformers' own conversion
+    mapping says (``conversion``).
 
     Also used to resume training from a ``checkpoint-N`` folder. Returns (and keeps in the
     layout as ``reads``) what this rank read. ``new_head_seed``: a linear head outside the backbone that
     the checkpoint lacks (a causal LM read into a sequence-classification class) is initialised from it.
+    A buffer the checkpoint lacks keeps the value the model was built with, as transformers' loading keeps it.
     """
     folder = Path(path)
-    model_type = model.config.model_type
     log = ReadLog()
     checkpoint = Checkpoint(folder, log)
     layout = layout_of(model)
+    found = conversion.sources(model, checkpoint.files)
     tied = getattr(model, "_tied_weights_keys", None) or {}
-    for name, param in model.named_parameters():
-        rows = expert_rows(model, name)
-        if rows is not None:
-            block = _read_expert_block(checkpoint, model_type, name, rows, _unsliced_shape(model, name, param))
-        elif name in checkpoint:
-            block = _same_name_conversion(model_type, name, checkpoint.read(name), _unsliced_shape(model, name, param))
-        elif name in tied:
-            continue  # filled by its tie
-        elif new_head_seed is not None and (fresh := _new_head_block(model, name, new_head_seed)) is not None:
+    buffers = dict(model.named_buffers())
+    weights = dict([*model.named_parameters(), *((n, t) for n in model.state_dict() if (t := buffers.get(n)) is not None)])
+    converted: dict[int, dict[str, torch.Tensor]] = {}  # a converter's other outputs (q, k, v of one qkv), until taken
+    for name, tensor in weights.items():
+        source = found.get(name)
+        if source is None:
+            if name in tied or name in buffers:
+                continue  # filled by its tie / kept as built
+            fresh = _new_head_block(model, name, new_head_seed) if new_head_seed is not None else None
+            if fresh is None:
+                raise CheckpointError(
+                    f"{folder} has no tensor that becomes {name}, as transformers' conversion mapping for "
+                    f"{model.config.model_type!r} renames its keys; is this a {model.config.model_type} checkpoint written by transformers?"
+                )
             block = fresh
-        else:  # fused experts without EP, or another converted tensor
-            block = _read_expert_block(checkpoint, model_type, name, (0, param.shape[0]), _unsliced_shape(model, name, param))
-        local = place(model, name, param, block.to(dtype=param.dtype))
-        if isinstance(param, DTensor):
-            param.to_local().copy_(local.to_local())
         else:
-            param.copy_(local)
+            block = _read(model, checkpoint, source, name, weights, converted)
+        local = place(model, name, tensor, block.to(dtype=tensor.dtype))
+        target = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        target.copy_(local.to_local() if isinstance(local, DTensor) else local)
     if getattr(model.config, "tie_word_embeddings", False):
         model.tie_weights()
     layout.reads.clear()
     layout.reads.update(log.reads)
     return log
+
+
+def _read(model: nn.Module, checkpoint: Checkpoint, source: conversion.Source, name: str, weights: dict, converted: dict) -> torch.Tensor:
+    """Weight ``name``'s block on this rank (whole, or its experts' rows) from ``source``."""
+    if name in converted.get(id(source), {}):
+        return converted[id(source)].pop(name)
+    rows = expert_rows(model, name)
+    shapes = {t: _whole_shape(model, t, weights[t]) for t in source.targets if t in weights}
+    try:
+        blocks, sliced = conversion.read(source, checkpoint.read, model, rows, shapes)
+    except conversion.MissingTensor as exc:
+        raise CheckpointError(f"checkpoint lacks {exc.args[0]} (needed for {name}); it does not match {model.config.model_type!r}'s layout") from None
+    except (ValueError, RuntimeError, KeyError, StopIteration) as exc:
+        keys = [k for ks in source.keys.values() for k in ks]
+        raise CheckpointError(f"{name}: transformers' conversion of {keys[:2]}{'...' if len(keys) > 2 else ''} failed here "
+                              f"({type(exc).__name__}: {exc}); does the checkpoint match {model.config.model_type!r}'s layout?") from None
+    block = blocks.pop(name)
+    if rows is not None and not sliced:
+        block = block[rows[0] : rows[1]]
+    if blocks:
+        converted[id(source)] = blocks
+    return block
