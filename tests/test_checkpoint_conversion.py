@@ -1,5 +1,5 @@
 """Every bundled family reads the checkpoint transformers writes for it, at ep=2, as transformers' own
-``from_pretrained`` reads it: ``save_pretrained`` writes the original layout back (Mixtral's ``block_sparse_moe``
+``from_pretrained`` reads it, and writes it back as transformers writes it: ``save_pretrained`` writes the original layout back (Mixtral's ``block_sparse_moe``
 with one tensor per expert, Inkling 2's ``model.llm.``, GraniteMoE's ``router.layer``), and the sliced loader renames
 and converts the keys with transformers' conversion mapping. Persistent buffers (DeepSeek's routing correction
 bias) are read too: drawn at random here, so a loader that kept the zeros it was built with fails."""
@@ -33,8 +33,11 @@ def _reference(family, model_type):
 
 
 def _load_every_type(rank, world, folder):
+    from safetensors.torch import load_file
+
     from halo_core import ParallelConfig, from_pretrained, full_state_dict
     from halo_core.testing.compare import assert_close
+    from halo_core.trainers.parts.checkpoint import save_model
 
     failures = []
     for family, model_type in _types():
@@ -44,11 +47,16 @@ def _load_every_type(rank, world, folder):
             reference.save_pretrained(where)
         dist.barrier()
         try:
-            state = full_state_dict(from_pretrained(where, ParallelConfig(ep=2)))
+            model = from_pretrained(where, ParallelConfig(ep=2))
+            state = full_state_dict(model)
+            save_model(model, Path(folder, f"{model_type}-saved"))
         except Exception as exc:  # every rank fails alike: name the type and go on, so one run lists them all
             failures.append(f"{model_type}: {type(exc).__name__}: {str(exc)[:300]}")
             continue
         if rank == 0:
+            written, saved = (load_file(Path(f, "model.safetensors")) for f in (where, Path(folder, f"{model_type}-saved")))
+            if written.keys() != saved.keys() or any(not torch.equal(written[k], saved[k]) for k in written):
+                failures.append(f"{model_type}: Halo's save differs from transformers' ({sorted(written.keys() ^ saved.keys())[:4]})")
             expected = reference.state_dict()
             if state.keys() != expected.keys():
                 failures.append(f"{model_type}: keys differ: {sorted(state.keys() ^ expected.keys())[:4]}")

@@ -37,7 +37,7 @@ def sources(model: nn.Module, checkpoint_keys) -> dict[str, Source]:
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
 
-    with _original_classes(model):
+    with original_classes(model):
         transforms = get_model_conversion_mapping(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
@@ -67,10 +67,10 @@ def _after_first(dim: int) -> bool:
 
 
 @contextlib.contextmanager
-def _original_classes(model: nn.Module):
-    """transformers' own classes on the FSDP2 units while the mapping is built: it looks transforms up by class name
-    and skips a class it does not ship as custom code, so under FSDP2's ``FSDPInkling2ForCausalLM`` the root's
-    mapping went unscoped to the part below it and matched nothing."""
+def original_classes(model: nn.Module):
+    """transformers' own classes on the FSDP2 units while the mapping is built (for loading, or reverted by
+    ``save_pretrained``): it looks transforms up by class name and skips a class it does not ship as custom code, so
+    under FSDP2's ``FSDPInkling2ForCausalLM`` the root's mapping went scoped to the part below it and matched nothing."""
     from torch.distributed.fsdp import FSDPModule
 
     wrapped = [(m, type(m)) for m in model.modules() if isinstance(m, FSDPModule)]

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from transformers.trainer_utils import rotate_checkpoints
 
 from halo_core.parallel import optimizer_state
+from halo_core.parallel.conversion import original_classes
 from halo_core.parallel.layout_state import layout_of
 from halo_core.parallel.loading import CheckpointError
 from halo_core.parallel.state_dict import full_state_dict
@@ -63,12 +64,23 @@ def save_model(model, folder: str | Path, processing_class=None, *, base: bool =
         if adapters is not None and not base:
             peft_format.write_adapter(model, state, staging)
         else:
-            with whole_shapes(model, state):
+            state = without_tied_copies(model, state)
+            with whole_shapes(model, state), original_classes(model):  # the mapping reverted as for the model unwrapped
                 model.save_pretrained(staging, state_dict=state)
         if processing_class is not None:
             processing_class.save_pretrained(staging)
         publish(staging, folder)
     barrier()
+
+
+def without_tied_copies(model, state: dict) -> dict:
+    """``state`` without the weights the model ties to others (``lm_head.weight`` where the embeddings are tied), as
+    transformers leaves them out: gathered into tensors of their own, transformers could no longer tell they are one."""
+    tied = getattr(model, "_tied_weights_keys", None) or {}
+    if not isinstance(tied, dict) or not getattr(model.config.get_text_config(), "tie_word_embeddings", False):
+        return state
+    copies = {target for target, source in tied.items() if target in state and source in state and torch.equal(state[target], state[source])}
+    return {name: tensor for name, tensor in state.items() if name not in copies}
 
 
 @contextlib.contextmanager
