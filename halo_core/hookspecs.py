@@ -85,8 +85,15 @@ def wrap_moe_block(module: nn.Module, context: ParallelContext) -> nn.Module | N
     arguments the default passes. It takes a transformers experts-interface module
     (``@use_experts_implementation``, fused parameters with the expert on the first
     dimension, named as in the checkpoint), and your module must call that module's
-    forward, which then runs Halo's exchange. With ``ep`` or ``etp`` above one and no
-    experts module registered, the layout is refused.
+    forward, which then runs Halo's exchange. The default also takes, with no hook, an
+    experts module called with the interface's arguments but not decorated (DBRX's, its
+    weights stacking the experts along dim 0, ``[E * I, H]``; Ergo's, adding to the
+    interface's forward): its own forward runs on each rank's experts. A block that routes
+    some other way (JetMoE's, two ``[E, ...]`` children) passes ``shard_experts`` its expert
+    weights (``parameters=``, names under the module) and the arithmetic on a rank's
+    experts (``compute=``), and calls ``expert_parallel.distributed_experts`` with each
+    token's experts and weights (``halo-plugin-jetmoe``). With ``ep`` or ``etp`` above one
+    and no experts module registered, the layout is refused.
     """
 
 
