@@ -183,11 +183,11 @@ def _read_layout(model_type: str) -> ReadLayout:
         lines.append(f"- built with `{declared}` ({lm.found}): `AutoModelForCausalLM` does not map this config")
     marked = None
     if not inferred["moe_block"] and counts_experts(model.config):
-        looks = list(dict.fromkeys(name_pattern(n) for n, m in model.named_modules() if _EXPERT_LIKE.search(type(m).__name__)))
+        looks = list(dict.fromkeys(name_pattern(n) for n, m in model.named_modules() if n and _EXPERT_LIKE.search(type(m).__name__)))
         marked = (f"{NO_MOE_MARK}: the config counts experts, but no module holds fused 3-D expert weights beside a "
-                  f"router{' (expert-like modules: ' + ', '.join(looks[:4]) + ')' if looks else ''}; declare moe_block, "
-                  f"router and experts, and implement wrap_moe_block to put the experts at the interface, as "
-                  f"halo-plugin-llama4 does for Llama 4's")
+                  f"router, nor one called with the interface's arguments{' (expert-like modules: ' + ', '.join(looks[:4]) + ')' if looks else ''}; "
+                  f"declare moe_block, router and experts, and implement wrap_moe_block: put the experts at the interface "
+                  f"(halo-plugin-llama4), or name their weights and arithmetic to shard_experts (halo-plugin-jetmoe)")
     built = getattr(model.config, "model_type", model_type)
     if built != model_type:
         lines.append(f"- `{type(model).__name__}` builds on the `{built}` part of the config: claimed too")
