@@ -188,6 +188,8 @@ def _read_layout(model_type: str) -> ReadLayout:
                   f"router, nor one called with the interface's arguments{' (expert-like modules: ' + ', '.join(looks[:4]) + ')' if looks else ''}; "
                   f"declare moe_block, router and experts, and implement wrap_moe_block: put the experts at the interface "
                   f"(halo-plugin-llama4), or name their weights and arithmetic to shard_experts (halo-plugin-jetmoe)")
+    elif inferred["moe_block"]:
+        marked = _experts_the_core_cannot_call(model, layout)
     built = getattr(model.config, "model_type", model_type)
     if built != model_type:
         lines.append(f"- `{type(model).__name__}` builds on the `{built}` part of the config: claimed too")
@@ -196,6 +198,30 @@ def _read_layout(model_type: str) -> ReadLayout:
         lines.append("- routers choose experts without `torch.topk`: `routing_replay=False` (GRPO trains it without routing replay)")
     return ReadLayout(layout, type(model).__name__, "\n".join(lines), found_moe=bool(inferred["moe_block"]), declared_class=declared,
                       marked=marked, built_type=built if built != model_type else None, routing_replay=replays)
+
+
+def _experts_the_core_cannot_call(model, layout: dict) -> str | None:
+    """The marked spot where the experts hold fused weights but are neither at the interface nor called with its
+    arguments (Llama 4's take every token for every expert, expert-major): the core's EP would refuse them at the
+    first layout, so the plugin is marked now."""
+    from halo_core.layout import find_moe_blocks, has_interface_signature
+
+    family = Family(name="x", model_types=("x",), version="0", api_version=PLUGIN_API_VERSION,
+                    **{k: layout[k] for k in ("moe_block", "router", "experts")})
+    blocks = find_moe_blocks(model, family)
+    if not blocks:
+        return None
+    name, block = blocks[0]
+    experts = getattr(block, family.experts)
+    if hasattr(type(experts).forward, "__wrapped__") or has_interface_signature(experts):
+        return None
+    import inspect
+
+    arguments = ", ".join(list(inspect.signature(type(experts).forward).parameters)[1:])
+    return (f"{NO_MOE_MARK}: {name}.{family.experts} ({type(experts).__name__}) holds fused expert weights, but its forward "
+            f"takes ({arguments}), not the interface's (hidden_states, top_k_index, top_k_weights), so the core cannot "
+            f"send it each token's experts; implement wrap_moe_block to put the experts at the interface, as "
+            f"halo-plugin-llama4 does for Llama 4's")
 
 
 def _routers_replay(model_type: str, declared: str | None, layout: dict) -> bool:

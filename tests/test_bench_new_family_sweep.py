@@ -69,6 +69,14 @@ def test_a_type_whose_experts_are_not_at_the_interface_is_marked_with_what_looks
     assert "pytest.fail(" in test and NO_MOE_MARK in test
 
 
+def test_fused_experts_the_core_cannot_call_are_marked_not_left_to_fail_at_the_first_layout(sweep, tmp_path):
+    from halo_cli.scaffold import NO_MOE_MARK
+
+    row = sweep.sweep_one("llama4_text", tmp_path, quick=True, timeout=60)  # Llama 4's experts take (hidden_states)
+    assert row["found_moe"] and not row["passed"] and row["marked"].startswith(NO_MOE_MARK), row
+    assert "Llama4TextExperts" in row["marked"] and "takes (hidden_states)" in row["marked"], row
+
+
 def test_a_router_with_more_rows_than_experts_is_read_as_the_router(sweep, tmp_path):
     row = sweep.sweep_one("longcat_flash", tmp_path, quick=True, timeout=60)  # its zero experts are scored too
     assert row["passed"] and row["found_moe"], row
