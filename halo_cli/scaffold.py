@@ -41,37 +41,29 @@ def plugin_names(name: str) -> ScaffoldNames:
     return ScaffoldNames(family=name, distribution=f"halo-plugin-{name}", package=f"halo_plugin_{package_stem}")
 
 
-def replaced_distribution(model_type: str, replace: str | None) -> str | None:
+def replaced_distribution(model_types, replace: str | None) -> str | None:
     """The installed distribution the new plugin is to replace (``--replace NAME``), or ``None``.
 
-    Refuses a model type another installed plugin claims: two plugins claiming one type both turn
-    broken, so a silent scaffold would break the installed plugin as well as the new one."""
+    ``model_types``: those the new plugin claims (a type, and the text part its class builds on where that is
+    another: Llama 4's ``llama4_text``). Refuses a type another installed plugin claims: two plugins claiming one
+    type both turn broken, so a silent scaffold would break the installed plugin as well as the new one."""
     from halo_core.registry import discover
 
-    claimants = [r for r in discover(strict=False).records if r.family and model_type in r.family.model_types]
+    types = [model_types] if isinstance(model_types, str) else list(model_types)
+    claimants = [r for r in discover(strict=False).records if r.family and any(t in r.family.model_types for t in types)]
     named = [r for r in claimants if replace in {r.name, r.entry_point, r.distribution}]
-    _refuse_others(model_type, [r for r in claimants if r not in named])
-    if replace and not named:
-        raise ScaffoldError(f"--replace {replace}: no installed plugin claims model type {model_type!r}, so there is nothing to replace; drop --replace")
-    return named[0].distribution if named else None
-
-
-def _refuse_others(model_type: str, others: list) -> None:
+    others = [r for r in claimants if r not in named]
     if others:
         other = others[0]
+        claimed = next(t for t in types if t in other.family.model_types)
         raise ScaffoldError(
-            f"model type {model_type!r} is already claimed by the installed plugin {other.name!r} ({other.distribution}); "
+            f"model type {claimed!r} is already claimed by the installed plugin {other.name!r} ({other.distribution}); "
             f"scaffold another model type, or pass --replace {other.name} for a plugin meant to be installed instead of it"
         )
-
-
-def _refuse_claimed_part(model_type: str, replaces: str | None) -> None:
-    """The text part a composite's causal-LM class builds is claimed too: refuse it where a plugin other than the
-    replaced one claims it."""
-    from halo_core.registry import discover
-
-    _refuse_others(model_type, [r for r in discover(strict=False).records
-                                if r.family and model_type in r.family.model_types and r.distribution != replaces])
+    if replace and not named:
+        raise ScaffoldError(f"--replace {replace}: no installed plugin claims model type {' or '.join(map(repr, types))}, "
+                            f"so there is nothing to replace; drop --replace")
+    return named[0].distribution if named else None
 
 
 @dataclass(frozen=True)
@@ -266,10 +258,8 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
             f"that ship their own modeling code"
         )
     model_type, part_of_note = claimed_model_type(model_type)
-    replaces = replaced_distribution(model_type, replace)
     read = _read_layout(model_type)
-    if read.built_type:
-        _refuse_claimed_part(read.built_type, replaces)
+    replaces = replaced_distribution([model_type, *([read.built_type] if read.built_type else [])], replace)
     values = {
         "name": names.family,
         "distribution": names.distribution,

@@ -75,6 +75,9 @@ def test_fused_experts_the_core_cannot_call_are_marked_not_left_to_fail_at_the_f
     row = sweep.sweep_one("llama4_text", tmp_path, quick=True, timeout=60)  # Llama 4's experts take (hidden_states)
     assert row["found_moe"] and not row["passed"] and row["marked"].startswith(NO_MOE_MARK), row
     assert "Llama4TextExperts" in row["marked"] and "takes (hidden_states)" in row["marked"], row
+    # the composite's causal-LM class builds on llama4_text, which the bundled plugin claims: --replace names that one
+    composite = sweep.sweep_one("llama4", tmp_path, quick=True, timeout=60)
+    assert composite["replaces"] == "halo-plugin-llama4" and composite["marked"].startswith(NO_MOE_MARK), composite
 
 
 def test_a_router_with_more_rows_than_experts_is_read_as_the_router(sweep, tmp_path):
