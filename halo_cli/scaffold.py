@@ -193,10 +193,10 @@ def _read_layout(model_type: str) -> ReadLayout:
 
 
 def _experts_the_core_cannot_call(model, layout: dict) -> str | None:
-    """The marked spot where the experts hold fused weights but are neither at the interface nor called with its
-    arguments (Llama 4's take every token for every expert, expert-major): the core's EP would refuse them at the
-    first layout, so the plugin is marked now."""
-    from halo_core.layout import find_moe_blocks, has_interface_signature
+    """The marked spot where the experts hold fused weights but take neither the interface's arguments nor
+    expert-major rows alone (Llama 4's): the core's EP would refuse them at the first layout, so the plugin is
+    marked now."""
+    from halo_core.layout import find_moe_blocks, has_interface_signature, takes_expert_major_rows
 
     family = Family(name="x", model_types=("x",), version="0", api_version=PLUGIN_API_VERSION,
                     **{k: layout[k] for k in ("moe_block", "router", "experts")})
@@ -205,7 +205,7 @@ def _experts_the_core_cannot_call(model, layout: dict) -> str | None:
         return None
     name, block = blocks[0]
     experts = getattr(block, family.experts)
-    if hasattr(type(experts).forward, "__wrapped__") or has_interface_signature(experts):
+    if hasattr(type(experts).forward, "__wrapped__") or has_interface_signature(experts) or takes_expert_major_rows(experts):
         return None
     import inspect
 
@@ -213,7 +213,7 @@ def _experts_the_core_cannot_call(model, layout: dict) -> str | None:
     return (f"{NO_MOE_MARK}: {name}.{family.experts} ({type(experts).__name__}) holds fused expert weights, but its forward "
             f"takes ({arguments}), not the interface's (hidden_states, top_k_index, top_k_weights), so the core cannot "
             f"send it each token's experts; implement wrap_moe_block to put the experts at the interface, as "
-            f"halo-plugin-llama4 does for Llama 4's")
+            f"halo-plugin-llama4 does for Llama 4's (whose expert-major rows the core also takes)")
 
 
 def _routers_replay(model_type: str, declared: str | None, layout: dict) -> bool:

@@ -65,6 +65,17 @@ def has_interface_signature(module: nn.Module) -> bool:
         return False
 
 
+def takes_expert_major_rows(module: nn.Module) -> bool:
+    """Whether ``module`` holds fused 3-D expert weights and its forward takes the hidden states alone: transformers'
+    convention for experts that run every token, the rows "sorted per expert already" (``[E * tokens, hidden]``,
+    expert-major: Llama 4's ``Llama4TextExperts``). The kit holds a family that relies on it to one process."""
+    try:
+        arguments = tuple(inspect.signature(type(module).forward).parameters)[1:]
+    except (TypeError, ValueError):
+        return False
+    return arguments == ("hidden_states",) and _fused_expert_count(module) is not None
+
+
 def stacked_expert_count(module: nn.Module) -> int | None:
     """Number of experts of a module called as the experts interface is, but without its fused 3-D weights: its
     ``num_experts`` equal blocks stacked along dim 0 of every weight (DBRX's ``mlp.w1``, ``[E * I, H]``)."""

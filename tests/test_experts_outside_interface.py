@@ -121,3 +121,25 @@ def test_a_module_neither_at_the_interface_nor_called_as_it_is_refused_naming_th
     block = tiny_model("jetmoe").model.layers[0].mlp
     with pytest.raises(LayoutError, match="implement wrap_moe_block"):
         shard_experts(block, 0, 2, None)
+
+
+DENSE_LLAMA4 = """
+from halo_core import Family, hookimpl
+
+@hookimpl
+def halo_family():
+    return Family(name="llama4-dense", model_types=("llama4_text",), version="1.0", api_version=1, splits=frozenset({"ep"}),
+                  moe_block="model.layers.*.feed_forward", router="router", experts="experts")
+"""
+
+
+def test_expert_major_experts_are_distributed_by_the_core_with_no_hook(plugin_site, monkeypatch):
+    """Llama 4's experts take every token for every expert ("sorted per expert already"): a declaration alone (what
+    halo new-family writes) trains them at ep=2 beside a replica and at ep=4 with a starved rank, as one process does;
+    the bundled plugin's own hook, which sends only the chosen pairs, is disabled here."""
+    from halo_core.parallel.config import ParallelConfig
+    from halo_core.testing.equivalence import run_layouts
+
+    monkeypatch.setenv("HALO_DISABLE_PLUGINS", "llama4")
+    plugin_site.add("halo-plugin-llama4-dense", DENSE_LLAMA4, entry="llama4-dense")
+    run_layouts("llama4-dense", "llama4_text", 4, [ParallelConfig(ep=2), ParallelConfig(ep=4)], seed=7)

@@ -13,9 +13,10 @@ on a slice of each expert's intermediate dimension (``expert_tensor_parallel``).
 
 Experts outside the interface keep their own names and shapes. A module called as the interface is (the
 same forward arguments) but not decorated (DBRX's) runs its own forward on this rank's experts, its weights
-split by whole experts along dim 0 where they stack them (``[E * I, H]``). A block that routes another way
-(JetMoE's) names its ``[E, ...]`` expert weights and the arithmetic on this rank's experts (``compute``) and
-calls ``distributed_experts`` itself.
+split by whole experts along dim 0 where they stack them (``[E * I, H]``). Fused experts whose forward takes
+expert-major rows alone (Llama 4's, every token for every expert) exchange whole blocks of rows. A block that
+routes another way (JetMoE's) names its ``[E, ...]`` expert weights and the arithmetic on this rank's experts
+(``compute``) and calls ``distributed_experts`` itself.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from torch import nn
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from halo_core.errors import LayoutError
-from halo_core.layout import has_interface_signature, stacked_expert_count
+from halo_core.layout import has_interface_signature, stacked_expert_count, takes_expert_major_rows
 from halo_core.parallel import expert_tensor_parallel as etp_engine
 from halo_core.parallel import grouped_experts
 from halo_core.parallel.dispatch import TokenDispatcher
@@ -135,6 +136,33 @@ def _undecorated_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_ind
     return expert_parallel_forward(self, flat, top_k_index, top_k_weights).view(hidden_states.shape)
 
 
+def _own_expert_major_forward(experts: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """Expert-major experts' own forward on this rank's experts (every one gets the same number of rows). With no
+    rows, one zero row per expert appended to them, so modeling code need not take empty inputs and the backward
+    still runs through the exchange that brought them."""
+    received = rows.shape[0]
+    if received == 0:
+        rows = torch.cat([rows, rows.new_zeros(experts.num_experts, rows.shape[1])])
+    return type(experts).forward(experts, rows)[:received]
+
+
+def _expert_major_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """What expert-major experts' forward becomes under EP (Llama 4's run every token through every expert, the
+    unchosen ones on zero rows): each expert's block of rows goes to the rank holding it, whole; the rank runs the
+    module's own forward on its experts' blocks from every source, and the results go back. The exchange moves
+    every token once per expert, as the module computes it; a family that sends only the chosen pairs does so in
+    its own hook (halo-plugin-llama4)."""
+    shard: ExpertShard = shard_of(self)
+    tokens = hidden_states.shape[0] // shard.num_experts
+    counts = torch.full((shard.ep_size, shard.count), tokens, dtype=torch.long, device=hidden_states.device)
+    received, received_counts, handle = shard.dispatcher.dispatch(hidden_states, counts)
+    expert = _row_experts(received_counts, received.shape[0], shard.count)  # rows come by source, then expert
+    order = torch.argsort(expert, stable=True)
+    inverse = inverse_permutation(order)
+    out = shard.inner(self, PermuteRows.apply(received, order, inverse))
+    return shard.dispatcher.combine(PermuteRows.apply(out, inverse, order), handle)
+
+
 def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: TokenDispatcher | None, *, etp_rank: int = 0, etp_size: int = 1, etp_group=None,
                   parameters: Iterable[str] | None = None, compute: Callable[..., torch.Tensor] | None = None) -> None:
     """Keep this rank's block of experts (and, with ETP, its slice of their intermediate dimension) in place,
@@ -145,13 +173,16 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
     names its ``[E, ...]`` expert weights (``parameters``, dotted names under ``experts``) and the arithmetic on
     this rank's experts (``compute(experts, rows, local_ids[R, 1], weights[R, 1])``), and calls ``distributed_experts``."""
     undecorated = compute is None and not is_interface(experts)
-    if undecorated:
+    dense = undecorated and not has_interface_signature(experts) and takes_expert_major_rows(experts)
+    if undecorated and not dense:
         if not has_interface_signature(experts):
             raise LayoutError(
                 f"{type(experts).__name__} does not use transformers' @use_experts_implementation, nor take its forward "
-                f"arguments, so the core cannot distribute it; implement wrap_moe_block in the family plugin"
+                f"arguments or expert-major rows alone, so the core cannot distribute it; implement wrap_moe_block in the family plugin"
             )
         compute = _own_forward
+    elif dense:
+        compute = _own_expert_major_forward
     if etp_size > 1 and compute is not None:
         raise LayoutError(f"{type(experts).__name__} is not at transformers' experts interface; expert-tensor parallelism "
                           f"slices the interface's weights (gate_up_proj/up_proj, down_proj): drop etp")
@@ -178,7 +209,7 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
         setattr(owner, leaf, nn.Parameter(local.clone(), requires_grad=full.requires_grad))
     experts.num_experts = count
     if undecorated:
-        experts.forward = types.MethodType(_undecorated_forward, experts)
+        experts.forward = types.MethodType(_expert_major_forward if dense else _undecorated_forward, experts)
     register_shard(experts, ExpertShard(
         first, count, num_experts, ep_size, dispatcher or LocalDispatch(), inner, etp_size, etp_rank, etp_group, splits, tuple(whole), rows=rows
     ))
