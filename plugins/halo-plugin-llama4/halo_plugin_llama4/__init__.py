@@ -3,8 +3,9 @@
 - Router: child ``router``, an ``nn.Linear`` whose top-k logits go through a sigmoid; the scores scale each
   expert's *input*, not its output.
 - Experts: ``Llama4TextExperts`` (``gate_up_proj`` [E, H, 2I], ``down_proj`` [E, I, H]) runs every token through
-  every expert, unselected ones on a zero input, and has no experts interface. Under EP or ETP the block is
-  rewritten (``wrap_moe_block``): the same parameters, under the same names, move into an experts-interface module,
+  every expert, unselected ones on a zero input, and has no experts interface. The core would distribute it as it
+  is (expert-major rows, every token sent once per expert); to send only the chosen pairs, under EP or ETP the
+  block is rewritten (``wrap_moe_block``): the same parameters, under the same names, move into an experts-interface module,
   and the block sends each (token, chosen expert) pair, its input already scaled, as one row with weight 1. An
   expert on a zero input gives exactly zero (no biases, ``act(0) * 0``), so the sum over chosen experts is the sum
   over all of them. At one rank the block stays transformers' own.
