@@ -92,9 +92,18 @@ def test_lora_on_split_experts_outside_the_interface_is_refused_before_start(dbr
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert "experts.mlp.w1 is an expert weight outside transformers' experts interface" in refused.stderr
     assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
-    allowed = run_halo("launch", "sft", str(dbrx_run), "--nproc", "2", "--dry-run", "--", "--use_peft=true",
-                       "--lora_target_modules=[Wqkv]", "--lora_target_parameters=[w1]", cwd=dbrx_run.parent)
-    assert allowed.returncode == 0, allowed.stderr[-2000:]  # at ep=1 stock PEFT adapts the weight whole
+
+
+def test_the_lora_refusal_names_expert_weights_outside_the_interface_and_not_attention_or_the_router():
+    """Only the weights a split layout holds in slices: attention and the router still take stock PEFT's adapters."""
+    from halo_core.lora.inject import LoraError, experts_outside_interface, refuse_split_experts
+
+    model = tiny_model("dbrx", device="meta")
+    outside = experts_outside_interface(model)
+    assert "transformer.blocks.0.ffn.experts.mlp.w1" in outside and not any(".router." in n or ".attn." in n for n in outside)
+    refuse_split_experts(["transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"], outside)  # attention: adapted as usual
+    with pytest.raises(LoraError, match="expert_parallel_size: 1"):
+        refuse_split_experts(["transformer.blocks.1.ffn.experts.mlp.v1"], outside)
 
 
 def test_the_scaffold_reads_stacked_experts_with_no_marked_spot():
