@@ -140,18 +140,18 @@ class MissingTensor(KeyError):
 
 
 def _check_every_expert(keys: list[str], experts: int, name: str) -> None:
-    """``keys`` (sorted) are one per expert, ``0 .. experts-1`` in the one path segment where they differ; else the
-    first missing key, by that segment (a shorter list would stack other experts into this rank's rows)."""
+    """``keys`` (sorted as transformers sorts them, numbers by value) are one per expert; else the first missing key,
+    by the one path segment where they differ (a shorter list would stack other experts into this rank's rows)."""
+    if len(keys) == experts:
+        return
     parts = [k.split(".") for k in keys]
     varying = [i for i in range(len(parts[0])) if len({p[i] for p in parts if len(p) == len(parts[0])}) > 1]
     found = [int(p[varying[0]]) for p in parts] if len(varying) == 1 and all(p[varying[0]].isdigit() for p in parts) else None
-    if found == list(range(experts)):
-        return
     if found is None:
-        raise MissingTensor(f"{len(keys)} tensors for {name}'s {experts} experts ({keys[:2]}...)")
+        raise MissingTensor(f"one of the {experts} per-expert tensors of {name} (found {len(keys)}: {keys[:2]}...)")
     missing = min(set(range(experts)) - set(found), default=None)
     if missing is None:
-        raise MissingTensor(f"{len(keys)} tensors for {name}'s {experts} experts ({keys[:2]}...)")
+        raise MissingTensor(f"one of the {experts} per-expert tensors of {name} (found {len(keys)}: {keys[:2]}...)")
     template = parts[0][:]
     template[varying[0]] = str(missing)
     raise MissingTensor(".".join(template))

@@ -95,8 +95,8 @@ def count_experts(experts: nn.Module) -> int:
     stacked = stacked_expert_count(experts)
     if stacked is not None:
         return stacked
-    raise LayoutError(f"{type(experts).__name__} holds no fused 3-D expert weights, nor weights stacking num_experts experts "
-                      f"behind the experts interface's forward; implement wrap_moe_block in the family plugin")
+    raise LayoutError(f"{type(experts).__name__} holds no fused 3-D expert weights, nor 2-D weights stacking its num_experts "
+                      f"experts behind the experts interface's forward; implement wrap_moe_block in the family plugin")
 
 
 def _inner_implementation(experts: nn.Module) -> Callable[..., torch.Tensor]:
@@ -168,21 +168,22 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
     """Keep this rank's block of experts (and, with ETP, its slice of their intermediate dimension) in place,
     and register what the ``halo_ep`` forward needs with the layout.
 
-    ``experts``: a module at transformers' experts interface, or one with its forward arguments but not its
-    decorator (whose forward this switches to the ``halo_ep`` path). A block that routes without the interface
-    names its ``[E, ...]`` expert weights (``parameters``, dotted names under ``experts``) and the arithmetic on
-    this rank's experts (``compute(experts, rows, local_ids[R, 1], weights[R, 1])``), and calls ``distributed_experts``."""
-    undecorated = compute is None and not is_interface(experts)
-    dense = undecorated and not has_interface_signature(experts) and takes_expert_major_rows(experts)
-    if undecorated and not dense:
-        if not has_interface_signature(experts):
+    ``experts``: a module at transformers' experts interface; or, with a forward of its own that this switches to
+    the exchange, one taking the interface's arguments undecorated (DBRX's) or fused experts taking expert-major
+    rows alone (Llama 4's). A block that routes without the interface names its ``[E, ...]`` expert weights
+    (``parameters``, dotted names under ``experts``) and the arithmetic on this rank's experts
+    (``compute(experts, rows, local_ids[R, 1], weights[R, 1])``), and calls ``distributed_experts``."""
+    switched = None
+    if compute is None and not is_interface(experts):
+        if has_interface_signature(experts):
+            compute, switched = _own_forward, _undecorated_forward
+        elif takes_expert_major_rows(experts):
+            compute, switched = _own_expert_major_forward, _expert_major_forward
+        else:
             raise LayoutError(
                 f"{type(experts).__name__} does not use transformers' @use_experts_implementation, nor take its forward "
                 f"arguments or expert-major rows alone, so the core cannot distribute it; implement wrap_moe_block in the family plugin"
             )
-        compute = _own_forward
-    elif dense:
-        compute = _own_expert_major_forward
     if etp_size > 1 and compute is not None:
         raise LayoutError(f"{type(experts).__name__} is not at transformers' experts interface; expert-tensor parallelism "
                           f"slices the interface's weights (gate_up_proj/up_proj, down_proj): drop etp")
@@ -208,8 +209,8 @@ def shard_experts(experts: nn.Module, ep_rank: int, ep_size: int, dispatcher: To
             local = etp_engine.take_slice(local, splits[name], etp_rank, etp_size)
         setattr(owner, leaf, nn.Parameter(local.clone(), requires_grad=full.requires_grad))
     experts.num_experts = count
-    if undecorated:
-        experts.forward = types.MethodType(_expert_major_forward if dense else _undecorated_forward, experts)
+    if switched is not None:
+        experts.forward = types.MethodType(switched, experts)
     register_shard(experts, ExpertShard(
         first, count, num_experts, ep_size, dispatcher or LocalDispatch(), inner, etp_size, etp_rank, etp_group, splits, tuple(whole), rows=rows
     ))
