@@ -83,3 +83,31 @@ def test_the_reference_has_a_persistent_buffer_the_builder_leaves_zero(model_typ
     built = dict(tiny_model(model_type).named_buffers())["model.layers.1.mlp.gate.e_score_correction_bias"]
     drawn = _reference("deepseek-v3", model_type).state_dict()["model.layers.1.mlp.gate.e_score_correction_bias"]
     assert not built.any() and drawn.any()
+
+
+def test_a_converter_that_makes_several_weights_names_each_as_transformers_does():
+    """One stored ``qkv`` chunked into q, k and v (transformers' ``Chunk``): each target gets its part, and on a
+    rank holding some experts of a per-expert operation only those rows are read."""
+    from torch import nn
+    from transformers.core_model_loading import Chunk, Concatenate, MergeModulelist, WeightConverter
+
+    from halo_core.parallel.conversion import Source, read
+
+    model = nn.Module()
+    model.config = None  # what the operations are handed; these read none of it
+    qkv = torch.arange(24.0).view(6, 4)
+    chunk = Source(WeightConverter("attn.qkv", ["attn.q", "attn.k", "attn.v"], operations=[Chunk(dim=0)]),
+                   keys={"attn.qkv": ["layer.attn.qkv"]}, targets=("layer.attn.q", "layer.attn.k", "layer.attn.v"))
+    blocks, sliced = read(chunk, lambda key, rows: qkv, model, None, {t: (2, 4) for t in chunk.targets})
+    assert not sliced and [torch.equal(blocks[t], part) for t, part in zip(chunk.targets, qkv.chunk(3))] == [True] * 3
+
+    experts = {f"mlp.experts.{e}.{p}.weight": torch.full((2, 3), float(10 * e + (p == "up_proj"))) for e in range(4) for p in ("gate_proj", "up_proj")}
+    merge = Source(WeightConverter(["mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"], "mlp.experts.gate_up_proj",
+                                   operations=[MergeModulelist(dim=0), Concatenate(dim=1)]),
+                   keys={p: [f"mlp.experts.{e}.{p.split('.')[-2]}.weight" for e in range(4)]
+                         for p in ("mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight")},
+                   targets=("mlp.experts.gate_up_proj",))
+    opened = []
+    blocks, sliced = read(merge, lambda key, rows: opened.append(key) or experts[key], model, (2, 4), {merge.targets[0]: (4, 4, 3)})
+    assert sliced and blocks[merge.targets[0]].shape == (2, 4, 3) and blocks[merge.targets[0]][0, 0, 0] == 20
+    assert sorted(opened) == sorted(k for k in experts if ".2." in k or ".3." in k)  # experts 2 and 3 alone

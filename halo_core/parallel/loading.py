@@ -216,7 +216,7 @@ def load_into(model: nn.Module, path: str | Path, new_head_seed: int | None = No
     tied = getattr(model, "_tied_weights_keys", None) or {}
     buffers = dict(model.named_buffers())
     weights = dict([*model.named_parameters(), *((n, t) for n in model.state_dict() if (t := buffers.get(n)) is not None)])
-    converted: dict[int, dict[str, torch.Tensor]] = {}  # a converter's other outputs (q, k, v of one qkv), until taken
+    converted: dict[int, tuple[dict, bool]] = {}  # a converter's other outputs (q, k, v of one qkv), until taken
     for name, tensor in weights.items():
         source = found.get(name)
         if source is None:
@@ -242,22 +242,25 @@ def load_into(model: nn.Module, path: str | Path, new_head_seed: int | None = No
 
 
 def _read(model: nn.Module, checkpoint: Checkpoint, source: conversion.Source, name: str, weights: dict, converted: dict) -> torch.Tensor:
-    """Weight ``name``'s block on this rank (whole, or its experts' rows) from ``source``."""
-    if name in converted.get(id(source), {}):
-        return converted[id(source)].pop(name)
+    """Weight ``name``'s block on this rank (whole, or its experts' rows) from ``source``; a converter's outputs are
+    made once, the other weights it makes (with this rank's experts where it read only those) kept for their turn."""
     rows = expert_rows(model, name)
+    if name in converted.get(id(source), ({}, False))[0]:
+        blocks, sliced = converted[id(source)]
+    else:
+        blocks, sliced = _convert(model, checkpoint, source, name, rows, weights)
+        converted[id(source)] = (blocks, sliced)
+    block = blocks.pop(name)
+    return block[rows[0] : rows[1]] if rows is not None and not sliced else block
+
+
+def _convert(model: nn.Module, checkpoint: Checkpoint, source: conversion.Source, name: str, rows, weights: dict):
     shapes = {t: _whole_shape(model, t, weights[t]) for t in source.targets if t in weights}
     try:
-        blocks, sliced = conversion.read(source, checkpoint.read, model, rows, shapes)
+        return conversion.read(source, checkpoint.read, model, rows, shapes)
     except conversion.MissingTensor as exc:
         raise CheckpointError(f"checkpoint lacks {exc.args[0]} (needed for {name}); it does not match {model.config.model_type!r}'s layout") from None
     except (ValueError, RuntimeError, KeyError, StopIteration) as exc:
         keys = [k for ks in source.keys.values() for k in ks]
         raise CheckpointError(f"{name}: transformers' conversion of {keys[:2]}{'...' if len(keys) > 2 else ''} failed here "
                               f"({type(exc).__name__}: {exc}); does the checkpoint match {model.config.model_type!r}'s layout?") from None
-    block = blocks.pop(name)
-    if rows is not None and not sliced:
-        block = block[rows[0] : rows[1]]
-    if blocks:
-        converted[id(source)] = blocks
-    return block
