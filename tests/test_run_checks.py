@@ -107,6 +107,24 @@ def test_a_file_is_not_a_model_folder():
         check_model_source(load([f"--model_name_or_path={TINY}"]))
 
 
+def test_a_quantised_checkpoint_is_refused_naming_its_method(tmp_path):
+    """Halo reads unquantised weights: an fp8 release's raw values would load without their scales."""
+    import json
+
+    from halo_core import ParallelConfig, from_pretrained
+    from halo_core.parallel.loading import CheckpointError
+    from halo_core.tiny import tiny_model
+
+    tiny_model("qwen3_moe").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
+    with pytest.raises(ConfigError, match=re.escape("is a quantised checkpoint (config.json: quantization_config 'fp8')")) as caught:
+        check_model_source(load([f"--model_name_or_path={tmp_path}"]))
+    assert "\n" not in str(caught.value)
+    with pytest.raises(CheckpointError, match="quantised checkpoint"):
+        from_pretrained(tmp_path, ParallelConfig())
+
+
 @pytest.mark.parametrize("value", ["org--x/model", "org/mo del", "org/model.git"])
 def test_a_malformed_hub_id_is_refused_online_too(monkeypatch, value):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)

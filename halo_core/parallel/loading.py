@@ -114,6 +114,9 @@ def from_pretrained(
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
+    if getattr(hf_config, "quantization_config", None):
+        raise CheckpointError(f"{path} is a quantised checkpoint (quantization_config); the sliced loader reads unquantised "
+                              f"weights only: dequantise it first (transformers' from_pretrained, then save_pretrained)")
     if num_labels is not None:
         sequence_head(hf_config, num_labels, pad_token_id)
     extra = {"experts_implementation": experts_implementation} if experts_implementation else {}

@@ -108,6 +108,18 @@ def check_step_keys(run: RunConfig, args) -> None:
         raise ConfigError(f"{where}: overlap_optimizer_step: true runs the step on a CUDA side stream, and this machine has no GPU; {fix}")
 
 
+def quantization_of(folder: Path) -> str | None:
+    """The quantisation method a checkpoint folder's ``config.json`` names (``fp8``, ...), or ``None``."""
+    import json
+
+    config = folder / "config.json"
+    try:
+        settings = json.loads(config.read_text()).get("quantization_config") if config.exists() else None
+    except (OSError, ValueError):
+        return None
+    return None if not settings else repr(settings.get("quant_method", "?")) if isinstance(settings, dict) else "?"
+
+
 def check_model_source(run: RunConfig) -> None:
     """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached when offline."""
     from huggingface_hub import constants, try_to_load_from_cache
@@ -120,6 +132,11 @@ def check_model_source(run: RunConfig) -> None:
     fix = "give its folder relative to the YAML file or the current folder"
     path = Path(value)
     if path.is_dir():
+        quantized = quantization_of(path)
+        if quantized:
+            raise ConfigError(f"{where} is a quantised checkpoint (config.json: quantization_config {quantized}); Halo trains the "
+                              f"unquantised weights and reads no quantised ones: dequantise it first (transformers' from_pretrained, "
+                              f"then save_pretrained in bf16), or use the unquantised release")
         return
     if path.exists():
         raise ConfigError(f"{where} is a file; {fix}: the folder that holds config.json")
