@@ -57,22 +57,12 @@ def claimed_by(model_type: str) -> str | None:
     return None
 
 
-def text_part(model_type: str) -> str | None:
-    """The model type of ``model_type``'s text config, where it has one of its own."""
-    from transformers import AutoConfig
-
-    from halo_core.hf_config import text_config
-
-    part = getattr(text_config(AutoConfig.for_model(model_type)), "model_type", None)
-    return part if part != model_type else None
-
-
 def sweep_one(model_type: str, root: Path, quick: bool, timeout: int) -> dict:
-    from halo_cli.scaffold import CANNOT_TRAIN_MARK, MARK, claimed_model_type, render_family
+    from halo_cli.scaffold import CANNOT_TRAIN_MARK, MARK, built_model_type, claimed_model_type, render_family
 
     name = "sweep-" + model_type.replace("_", "-")
     claims, _ = claimed_model_type(model_type)  # a text part with no head of its own: its composite
-    replaces = claimed_by(claims) or claimed_by(text_part(claims))  # Llama 4's class builds on llama4_text, claimed
+    replaces = claimed_by(claims) or claimed_by(built_model_type(claims))  # Llama 4's class builds on llama4_text, claimed
     started = time.monotonic()
     row = {"model_type": model_type, "replaces": replaces, **({"claims": claims} if claims != model_type else {})}
     try:

@@ -131,6 +131,22 @@ def claimed_model_type(model_type: str) -> tuple[str, str]:
     return model_type, ""
 
 
+def built_model_type(model_type: str) -> str | None:
+    """The model type of the config part ``model_type``'s language-model class builds on, where it is another (Llama
+    4's causal LM builds on ``llama4_text``; Kimi-K2.5's on its own config): the scaffold claims that part too."""
+    from halo_core.hf_config import language_model_class
+    from halo_core.tiny import tiny_model
+
+    try:
+        lm = language_model_class(model_type)
+        if lm.missing:
+            return None
+        built = getattr(tiny_model(model_type, device="meta", model_class=lm.name).config, "model_type", model_type)
+    except Exception:  # no tiny model: the scaffold marks it, and claims the type alone
+        return None
+    return built if built != model_type else None
+
+
 def _language_model_attention(attention: tuple[str, ...], blocks: tuple[str, ...]) -> tuple[str, ...]:
     """The attention patterns in the MoE blocks' layer stack (``model.language_model.layers.*``), so that a
     vision-language model's vision or audio tower attention is not declared for context parallelism."""

@@ -100,6 +100,9 @@ def test_llama4s_expert_major_experts_scaffold_with_no_mark_and_its_composite_re
     # the composite's causal-LM class builds on llama4_text, which the bundled plugin claims: --replace names that one
     composite = sweep.sweep_one("llama4", tmp_path, quick=True, timeout=60)
     assert composite["passed"] and composite["replaces"] == "halo-plugin-llama4", composite
+    # Kimi-K2.5's text config is deepseek_v3 (bundled), but its class builds on its own config: nothing to replace
+    kimi = sweep.sweep_one("kimi_k25", tmp_path, quick=True, timeout=60)
+    assert kimi["passed"] and kimi["replaces"] is None, kimi
 
 
 def test_a_router_with_more_rows_than_experts_is_read_as_the_router(sweep, tmp_path):
