@@ -20,6 +20,19 @@ def flat_name(names: tuple[str, ...]) -> str:
     return FSDP_DIM if tuple(names) == DATA_DIMS else "_".join(names)
 
 
+def dims_of(flat: str) -> tuple[str, ...]:
+    """The mesh dimensions a (flattened) mesh dimension's name stands for: ``fsdp`` -> ``DATA_DIMS``,
+    ``ep_replica_cp`` -> (``ep_replica``, ``cp``), ``tp`` -> (``tp``,)."""
+    if flat == FSDP_DIM:
+        return DATA_DIMS
+    dims, rest = [], flat
+    while rest:
+        dim = next(d for d in sorted(MESH_DIMS, key=len, reverse=True) if rest == d or rest.startswith(d + "_"))
+        dims.append(dim)
+        rest = rest[len(dim) + 1 :]
+    return tuple(dims)
+
+
 def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh | None:
     """Mesh with dims ``MESH_DIMS``, ``tp`` fastest (see ``ParallelDims.coordinates``).
 

@@ -20,8 +20,9 @@ def _all_gather(tensor: torch.Tensor, size: int, group) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """Each tensor, sharded like the parameter of its name, joined whole on rank 0 (other ranks: an empty dict).
+def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]], device: torch.device | str | None = None,
+                keep_on: int = 0) -> dict[str, torch.Tensor]:
+    """Each tensor, sharded like the parameter of its name, joined whole on rank ``keep_on`` (other ranks: an empty dict).
 
     Weights, gradients and per-parameter optimizer state share this join, so all three are
     stored under the same names and shapes. Every rank must pass the same names in the same order.
@@ -39,7 +40,7 @@ def gather_full(model: nn.Module, named: Iterable[tuple[str, torch.Tensor]], dev
                 tensor = join_slices(_all_gather(tensor, layout.dims.etp, layout.group("etp")), split)
             if layout.dims.ep > 1:
                 tensor = torch.cat(_all_gather(tensor, layout.dims.ep, layout.group("ep")), dim=0)
-        if rank == 0:
+        if rank == keep_on:
             full[name] = tensor.detach().to(device or tensor.device, copy=True)
     return full
 
