@@ -114,12 +114,12 @@ def load_adapter(model: nn.Module, folder: str | Path) -> None:
 
 def base_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The frozen base under its Hugging Face names (PEFT's ``base_layer`` removed, adapters left out), on rank 0."""
-    named = [(n, p) for n, p in model.state_dict().items() if not _is_adapter(n, model)]
+    named = [(n, p) for n, p in model.state_dict().items() if not is_adapter(n, model)]
     full = gather_full(model, named, device="cpu")
     return {n.replace(".base_layer.", "."): t for n, t in full.items()}
 
 
-def _is_adapter(name: str, model: nn.Module) -> bool:
+def is_adapter(name: str, model: nn.Module) -> bool:
     adapters = adapters_of(model)
     return name in adapters.dense or any(name == grouped_name for m, ws in adapters.experts.items() for w in ws
                                          for grouped_name in (f"{m}.{n}" for n in grouped.names(w)))

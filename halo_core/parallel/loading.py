@@ -20,11 +20,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from halo_core.errors import HaloError
-from halo_core.parallel import conversion
+from halo_core.parallel import conversion, manifest
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.expert_tensor_parallel import take_slice
 from halo_core.parallel.layout_state import layout_of
 from halo_core.parallel.parallelize import parallelize
+from halo_core.parallel.safetensors_parallel import CorruptTensor, verify
 
 
 class CheckpointError(HaloError):
@@ -39,7 +40,8 @@ class ReadLog:
 
 
 class Checkpoint:
-    """Lazy access to the tensors of a safetensors checkpoint folder (single file or sharded index)."""
+    """Lazy access to the tensors of a safetensors checkpoint folder (single file or sharded index); where the folder
+    has Halo's manifest, every part read is checked against the CRC-32 its writer recorded (``manifest``)."""
 
     def __init__(self, folder: Path, log: ReadLog) -> None:
         index = folder / "model.safetensors.index.json"
@@ -49,17 +51,34 @@ class Checkpoint:
             single = folder / "model.safetensors"
             if not single.exists():
                 raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
-            with safe_open(single, "pt") as handle:
-                self.files = {k: single for k in handle.keys()}
+            try:
+                with safe_open(single, "pt") as handle:
+                    self.files = {k: single for k in handle.keys()}
+            except Exception as exc:  # safetensors' own error names no file
+                raise CheckpointError(f"{single} cannot be read ({type(exc).__name__}: {exc}); the file is truncated or damaged") from None
         self.log = log
         self.folder = folder
+        try:
+            self.manifest = manifest.read(folder)
+        except manifest.ManifestError as exc:
+            raise CheckpointError(str(exc)) from None
 
     def __contains__(self, key: str) -> bool:
         return key in self.files
 
     def read(self, key: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
-        with safe_open(self.files[key], "pt") as handle:
-            tensor = handle.get_slice(key)[rows[0] : rows[1]] if rows else handle.get_tensor(key)
+        path = self.files[key]
+        parts = (manifest.parts_of(self.manifest, path.relative_to(self.folder).as_posix()) or {}).get(key)
+        try:
+            with safe_open(path, "pt") as handle:
+                if parts is None:
+                    tensor = handle.get_slice(key)[rows[0] : rows[1]] if rows else handle.get_tensor(key)
+                else:
+                    tensor = verify(key, parts, lambda span: handle.get_slice(key)[span[0] : span[1]] if span else handle.get_tensor(key), rows)
+        except CorruptTensor as exc:
+            raise CheckpointError(f"{path}: {exc}; the file is damaged (re-copy it, or resume from another checkpoint)") from None
+        except Exception as exc:  # safetensors' own errors name neither the file nor the tensor
+            raise CheckpointError(f"{path}: reading {key} failed ({type(exc).__name__}: {exc}); the file is truncated or damaged") from None
         self.log.reads[key] = rows
         return tensor
 

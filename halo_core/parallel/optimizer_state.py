@@ -4,9 +4,10 @@ Not ``torch.distributed.checkpoint``: it reshards DTensors, but under EP a rank'
 parameters are plain local tensors (or FSDP DTensors over the expert-replica mesh only),
 each holding one block of experts under the same name on every EP rank, so DCP cannot
 tell where a block belongs. Instead every per-parameter state tensor (``exp_avg``,
-``momentum_buffer``, AdamWBF16's buffers, ...) is joined exactly as the weights are
-(``gather_full``: DTensor full tensor, ETP join, EP concat) and read back with the weights'
-slicing (``loading.place``): whatever layout can load the weights can load their state.
+``momentum_buffer``, AdamWBF16's buffers, ...) is written at its whole shape, each rank writing
+the part it holds exactly as for the weights (``sharded_save``: no state key is ever whole on
+one rank), and read back with the weights' slicing (``loading.place``): whatever layout can load
+the weights can load their state.
 
 A folder of it holds ``<state key>.safetensors`` (one tensor per parameter name, in the
 dtype the optimizer keeps) and ``optimizer.json``: each param group's hyper-parameters with
@@ -28,7 +29,6 @@ from safetensors.torch import save_file
 from torch import nn
 
 from halo_core.parallel.loading import CheckpointError, expert_rows, place
-from halo_core.parallel.state_dict import gather_full
 
 MANIFEST = "optimizer.json"
 FORMAT = "halo-optimizer-1"
@@ -80,9 +80,11 @@ def _same_on_every_rank(listing: list) -> None:
             raise CheckpointError(f"optimizer state differs between ranks (rank {rank} vs this one: {extra}); it cannot be joined")
 
 
-@torch.no_grad()
-def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
-    """Every rank calls this (it joins shards); rank 0 writes ``folder``."""
+def optimizer_jobs(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path, *, snapshot: bool = False) -> list:
+    """Every rank calls this: rank 0 writes ``folder/optimizer.json`` now; returns the jobs that write each state key's
+    file, every rank its own part (``sharded_save``: no state key is ever whole on one rank)."""
+    from halo_core.parallel.sharded_save import tensors_job
+
     optimizer = _inner(optimizer)
     names = _param_names(model, optimizer)
     tensors: dict[str, list[tuple[str, torch.Tensor]]] = {}
@@ -101,34 +103,48 @@ def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
                 else:
                     tensors.setdefault(key, []).append((name, value))
     _same_on_every_rank(sorted([key, name] for key, entries in tensors.items() for name, _ in entries))
-    first = not dist.is_initialized() or dist.get_rank() == 0
     folder = Path(folder)
-    if first:
+    if not dist.is_initialized() or dist.get_rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
-    for key in sorted(tensors):
-        # A 0-dim entry (torch's per-parameter step) is the same on every rank: kept as is, not joined.
-        # Joined on the CPU, one state key at a time: rank 0 never holds a whole optimizer state on the GPU.
-        full = gather_full(model, [(n, v) for n, v in tensors[key] if v.dim() > 0], device="cpu")
-        if first:
-            full.update({n: v.detach().clone() for n, v in tensors[key] if v.dim() == 0})
-            save_file({n: v.cpu().contiguous() for n, v in full.items()}, folder / f"{key}.safetensors")
-    if first:
         groups = [
             {**{k: _to_json(v, f"param group field {k}") for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
             for group in optimizer.param_groups
         ]
         manifest = {"format": FORMAT, "tensors": sorted(tensors), "scalars": scalars, "param_groups": groups}
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    jobs = []
+    for key in sorted(tensors):
+        job = tensors_job(model, tensors[key], f"{key}.safetensors", snapshot=snapshot)
+        job.subfolder = folder.name
+        jobs.append(job)
+    return jobs
 
 
-def _read(model: nn.Module, name: str, param: torch.Tensor, handle) -> torch.Tensor:
-    """This rank's part of the stored state of ``name``, laid out like ``param``, in the stored dtype."""
+@torch.no_grad()
+def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> list[list]:
+    """Every rank calls this and writes its part of ``folder``; returns the records of the parts it wrote."""
+    from halo_core.parallel.sharded_save import write
+
+    folder = Path(folder)
+    jobs = optimizer_jobs(model, optimizer, folder)
+    return [record for job in jobs for record in write(job, folder.parent)]
+
+
+def _read(model: nn.Module, name: str, param: torch.Tensor, handle, parts: list | None, path: Path) -> torch.Tensor:
+    """This rank's part of the stored state of ``name``, laid out like ``param``, in the stored dtype; checked against
+    the CRC-32 of each part written (``parts``, from the checkpoint's manifest) where there is one."""
+    from halo_core.parallel.safetensors_parallel import CorruptTensor, verify
+
     piece = handle.get_slice(name)
-    if not piece.get_shape():
-        return handle.get_tensor(name)
-    rows = expert_rows(model, name)
-    block = piece[rows[0] : rows[1]] if rows else handle.get_tensor(name)
-    return place(model, name, param, block)
+    rows = expert_rows(model, name) if piece.get_shape() else None
+    try:
+        if parts is None:
+            block = piece[rows[0] : rows[1]] if rows else handle.get_tensor(name)
+        else:
+            block = verify(name, parts, lambda span: piece[span[0] : span[1]] if span else handle.get_tensor(name), rows)
+    except CorruptTensor as exc:
+        raise CheckpointError(f"{path}: {exc}; the file is damaged (resume from another checkpoint)") from None
+    return place(model, name, param, block) if piece.get_shape() else block
 
 
 @torch.no_grad()
@@ -140,8 +156,14 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
     Returns, for each of ``optimizer``'s groups, the stored group it took them from (for
     per-group lists kept elsewhere, such as a scheduler's ``base_lrs``).
     """
+    from halo_core.parallel import manifest as checkpoint_manifest
+
     folder = Path(folder)
-    manifest = json.loads((folder / MANIFEST).read_text())
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except ValueError as exc:
+        raise CheckpointError(f"{folder / MANIFEST} is damaged: not valid JSON ({exc})") from None
+    recorded = checkpoint_manifest.read(folder.parent)  # the checkpoint's: each part's CRC-32
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{folder / MANIFEST} is not in the format {FORMAT!r} this Halo reads (it says {manifest.get('format')!r})")
     inner = _inner(optimizer)
@@ -149,7 +171,13 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
     stored_group = {name: i for i, group in enumerate(manifest["param_groups"]) for name in group["params"]}
     state, groups, sources, index = {}, [], [], 0
     with contextlib.ExitStack() as stack:
-        handles = {key: stack.enter_context(safe_open(folder / f"{key}.safetensors", "pt")) for key in manifest["tensors"]}
+        handles = {}
+        for key in manifest["tensors"]:
+            try:
+                handles[key] = stack.enter_context(safe_open(folder / f"{key}.safetensors", "pt"))
+            except Exception as exc:  # safetensors' own error names no file
+                raise CheckpointError(f"{folder / key}.safetensors cannot be read ({type(exc).__name__}: {exc}); it is missing, truncated or damaged") from None
+        parts = {key: checkpoint_manifest.parts_of(recorded, f"{folder.name}/{key}.safetensors") or {} for key in handles}
         keys = {key: set(handle.keys()) for key, handle in handles.items()}
         for group in inner.param_groups:
             group_names = [names[id(p)] for p in group["params"]]
@@ -175,7 +203,8 @@ def load_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: s
             sources.append(min(stored_hypers))
             ids = []
             for param, name in zip(group["params"], group_names):
-                entry = {key: _read(model, name, param, handles[key]) for key in handles if name in keys[key]}
+                entry = {key: _read(model, name, param, handles[key], parts[key].get(name) if recorded else None, folder / f"{key}.safetensors")
+                         for key in handles if name in keys[key]}
                 entry.update(manifest["scalars"].get(name, {}))
                 if entry:
                     state[index] = entry

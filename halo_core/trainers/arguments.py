@@ -63,6 +63,10 @@ class HaloArguments:
     #: PyTorch's scaled-dot-product attention back-ends in the order to try them (``cudnn``, ``flash``, ``efficient``,
     #: ``math``); empty = PyTorch's own order. For ``sdpa`` attention: cuDNN's is often the fastest on Hopper.
     sdpa_backends: list[str] = field(default_factory=list)
+    #: Write each ``checkpoint-N`` in the background from a host copy of every rank's part, while training goes on
+    #: (as ``torch.distributed.checkpoint.async_save``); the folder appears once complete, and the next save and the
+    #: end of training wait for it. Costs host memory for a rank's share of the weights and optimizer state.
+    async_save: bool = False
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

@@ -42,7 +42,7 @@ class DistributedTrainerMixin:
     halo_shared_batch: bool = False
 
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
-                 activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, **kwargs):
+                 activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, async_save: bool = False, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
         reference = kwargs.get("ref_model")
         if reference is not None:
@@ -55,6 +55,9 @@ class DistributedTrainerMixin:
         self._halo_overlap = overlap_optimizer_step
         self._halo_meter = ThroughputMeter()
         self._halo_staging = False
+        self._halo_async = async_save
+        self._halo_jobs = None  # while a checkpoint is assembled: the weights' and optimizer state's jobs
+        self._halo_pending = None  # an asynchronous checkpoint still being written (checkpoint.AsyncSave)
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
         self._halo_nan_filter = self.args.logging_nan_inf_filter  # applied on the device (parts.nan_filter)
@@ -168,9 +171,19 @@ class DistributedTrainerMixin:
         if overlap is not None:
             overlap.wait()
 
+    def _halo_wait_for_save(self) -> None:
+        """Before another save, and at the end of training: an asynchronous checkpoint still being written is in place."""
+        pending, self._halo_pending = self._halo_pending, None
+        if pending is not None:
+            pending.wait()
+
     def save_model(self, output_dir=None, _internal_call=False):
         self._halo_wait_for_step()
         folder = output_dir or self.args.output_dir
+        if self._halo_jobs is not None:  # a checkpoint's weights: written with its optimizer state (_save_checkpoint)
+            self._halo_jobs += checkpoint.model_jobs(self._halo_laid_out, folder, self.processing_class, snapshot=self._halo_async)
+            return
+        self._halo_wait_for_save()
         checkpoint.save_model(self._halo_laid_out, folder, self.processing_class)
         if not _internal_call and checkpoint.rank() == 0:  # the run's result (checkpoints call in as internal): say where
             print(f"saved the model to {os.path.abspath(folder)}", flush=True)
@@ -180,13 +193,15 @@ class DistributedTrainerMixin:
         return checkpoint.staged_checkpoint_root(run_dir) if self._halo_staging else run_dir
 
     def _save_checkpoint(self, model, trial):
-        self._halo_staging = True
+        self._halo_wait_for_save()
+        self._halo_staging, self._halo_jobs = True, []
         try:
             with nan_filter.users_flag(self.args, self._halo_nan_filter):
                 super()._save_checkpoint(model, trial)
             staged_root = self._get_output_dir(trial)
+            jobs = self._halo_jobs
         finally:
-            self._halo_staging = False
+            self._halo_staging, self._halo_jobs = False, None
         run_dir = self._get_output_dir(trial)
         name = f"checkpoint-{self.state.global_step}"
         if self.state.best_model_checkpoint == os.path.join(staged_root, name):
@@ -195,11 +210,16 @@ class DistributedTrainerMixin:
             self.state.best_model_checkpoint = os.path.join(run_dir, name)
             if self.args.should_save:
                 self.state.save_to_json(os.path.join(staged_root, name, "trainer_state.json"))
-        checkpoint.promote_checkpoint(run_dir, name, self.args.save_total_limit, self.state.best_model_checkpoint)
+        self._halo_pending = checkpoint.write_checkpoint(run_dir, name, jobs, self.args.save_total_limit, self.state.best_model_checkpoint,
+                                                         asynchronous=self._halo_async, step=self.state.global_step)
 
     def _save_optimizer_and_scheduler(self, output_dir):
         self._halo_wait_for_step()
-        checkpoint.save_optimizer(self._halo_laid_out, self.optimizer, output_dir)
+        jobs = checkpoint.optimizer_jobs(self._halo_laid_out, self.optimizer, output_dir, snapshot=self._halo_async)
+        if self._halo_jobs is not None:
+            self._halo_jobs += jobs
+        else:
+            checkpoint.write_jobs(jobs, output_dir)
         if self.args.should_save:
             checkpoint.save_scheduler(self.lr_scheduler, output_dir)
 

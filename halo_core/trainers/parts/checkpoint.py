@@ -1,12 +1,18 @@
-"""Checkpoints that stay plain Hugging Face whatever the layout, written atomically, resumable on any layout.
+"""Checkpoints that stay plain Hugging Face whatever the layout, written by every rank at once, resumable on any layout.
 
-- Model: ``full_state_dict`` (every rank joins) and ``save_pretrained`` on rank 0 into a
-  staging folder, then moved into place; ``config.json`` moves last, so a loader never
-  finds a model folder whose weights are half written.
-- ``checkpoint-N``: the whole folder (model, optimizer state, scheduler, RNG, trainer
-  state) is written as ``.tmp-checkpoints/checkpoint-N`` in the run folder and renamed when
-  complete. Neither transformers' ``get_last_checkpoint`` nor checkpoint rotation looks there.
-- Optimizer: ``optimizer/``, each state tensor whole under its parameter's name
+- Weights: the files ``save_pretrained`` writes for the unwrapped model (its conversion mapping reverted, tied
+  weights left out), each rank writing the part it holds (``sharded_save``): nothing is gathered onto one rank and
+  the ranks write in parallel. Rank 0 writes the config and the processor. A model folder is written as a staging
+  folder beside it and moved in when complete, ``config.json`` last, so a loader never finds a model folder whose
+  weights are half written.
+- ``checkpoint-N``: the whole folder (model, optimizer state, scheduler, RNG, trainer state) is written as
+  ``.tmp-checkpoints/checkpoint-N`` in the run folder and renamed when complete. Neither transformers'
+  ``get_last_checkpoint`` nor checkpoint rotation looks there. ``halo-manifest.json`` (``parallel.manifest``: every
+  file's size, each written part's CRC-32) is written last, once every rank's parts are there.
+- Asynchronous (``async_save``): every rank copies its parts to host memory at the save and a thread writes them
+  while training goes on; rank 0's thread writes the manifest and renames the checkpoint once every rank's parts
+  are written (``AsyncSave``). The next save, and the end of training, wait for it.
+- Optimizer: ``optimizer/``, each state tensor at its whole shape under its parameter's name
   (``halo_core.parallel.optimizer_state``), so a run resumes on another layout.
 - Resuming reads nothing that can run code: tensors through safetensors, the rest as JSON
   or ``torch.load(weights_only=True)``.
@@ -20,26 +26,34 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import shutil
+import threading
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from transformers.trainer_utils import rotate_checkpoints
 
-from halo_core.parallel import optimizer_state
+from halo_core.parallel import manifest, optimizer_state
 from halo_core.parallel.conversion import original_classes
 from halo_core.parallel.layout_state import layout_of
 from halo_core.parallel.loading import CheckpointError
-from halo_core.parallel.state_dict import full_state_dict
+from halo_core.parallel.sharded_save import Job, model_job, write
 
 STAGING_PREFIX = "tmp-"
 OPTIMIZER_FOLDER = "optimizer"
 SCHEDULER = "scheduler.pt"
+#: The weights' files save_pretrained may leave from an earlier save into the same folder.
+_WEIGHTS = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?")
 
 
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
 
 
 def barrier() -> None:
@@ -47,76 +61,82 @@ def barrier() -> None:
         dist.barrier()
 
 
-def save_model(model, folder: str | Path, processing_class=None, *, base: bool = False) -> None:
-    """Every rank calls this; rank 0 writes ``folder`` so that it loads with ``from_pretrained``, or, for a model
-    with LoRA adapters, with ``PeftModel.from_pretrained`` over its base (``base=True``: the frozen base itself)."""
+def model_jobs(model, folder: str | Path, processing_class=None, *, base: bool = False, snapshot: bool = False) -> list[Job]:
+    """Every rank calls this. Rank 0 writes what goes beside the weights into ``folder`` now (the config, the
+    processor; a LoRA run's adapter files whole, as they are small); returns the weights' jobs, which every rank then
+    writes (``sharded_save.write``). ``base``: a LoRA model's frozen base, under the names the model has without
+    its adapters. ``snapshot``: the jobs take host copies (an asynchronous save)."""
     from halo_core.lora import peft_format
 
-    adapters = layout_of(model).adapters
-    if adapters is None:
-        state = full_state_dict(model)
-    else:
-        state = peft_format.base_state(model) if base else peft_format.adapter_state(model)
     folder = Path(folder)
+    adapters = layout_of(model).adapters
+    if adapters is not None and not base:
+        state = peft_format.adapter_state(model)
+        if rank() == 0:
+            folder.mkdir(parents=True, exist_ok=True)
+            peft_format.write_adapter(model, state, folder)
+            if processing_class is not None:
+                processing_class.save_pretrained(folder)
+        barrier()
+        return []
     if rank() == 0:
-        staging = folder.parent / f".{folder.name}.{STAGING_PREFIX}{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        if adapters is not None and not base:
-            peft_format.write_adapter(model, state, staging)
-        else:
-            state = without_tied_copies(model, state)
-            with whole_shapes(model, state), original_classes(model):  # the mapping reverted as for the model unwrapped
-                model.save_pretrained(staging, state_dict=state)
+        folder.mkdir(parents=True, exist_ok=True)
+        with original_classes(model):  # transformers' config, generation config, architectures, custom code
+            model.save_pretrained(folder, state_dict={})
+        for path in folder.iterdir():
+            if _WEIGHTS.fullmatch(path.name):
+                path.unlink()  # an empty weights file: the jobs write the weights
         if processing_class is not None:
-            processing_class.save_pretrained(staging)
+            processing_class.save_pretrained(folder)
+    barrier()  # every rank writes the weights' files only once rank 0 has left the folder to them
+    if adapters is not None:
+        state = {n: t for n, t in model.state_dict().items() if not peft_format.is_adapter(n, model)}
+        return [model_job(model, state, rename=lambda n: n.replace(".base_layer.", "."), snapshot=snapshot)]
+    return [model_job(model, snapshot=snapshot)]
+
+
+def write_jobs(jobs: list[Job], folder: str | Path, **info) -> None:
+    """Every rank writes its parts of ``jobs`` into ``folder``; rank 0 then writes the folder's manifest."""
+    records = [record for job in jobs for record in write(job, Path(folder))]
+    manifest.leave_parts(folder, rank(), records)
+    barrier()
+    if rank() == 0:
+        manifest.write(folder, manifest.take_parts(folder, world()), **info)
+    barrier()
+
+
+def save_model(model, folder: str | Path, processing_class=None, *, base: bool = False) -> None:
+    """Every rank calls this; ``folder`` then loads with ``from_pretrained``, or, for a model with LoRA adapters, with
+    ``PeftModel.from_pretrained`` over its base (``base=True``: the frozen base itself)."""
+    folder = Path(folder)
+    staging = folder.parent / f".{folder.name}.{STAGING_PREFIX}save"
+    if rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    barrier()
+    write_jobs(model_jobs(model, staging, processing_class, base=base), staging)
+    if rank() == 0:
         publish(staging, folder)
     barrier()
 
 
-def without_tied_copies(model, state: dict) -> dict:
-    """``state`` without the weights the model ties to others (``lm_head.weight`` where the embeddings are tied), as
-    transformers leaves them out: gathered into tensors of their own, transformers could no longer tell they are one."""
-    tied = getattr(model, "_tied_weights_keys", None) or {}
-    if not isinstance(tied, dict) or not getattr(model.config.get_text_config(), "tie_word_embeddings", False):
-        return state
-    copies = {target for target, source in tied.items() if target in state and source in state and torch.equal(state[target], state[source])}
-    return {name: tensor for name, tensor in state.items() if name not in copies}
-
-
-@contextlib.contextmanager
-def whole_shapes(model, state: dict):
-    """``model.get_parameter`` answers with the whole tensor of ``state`` while transformers saves it.
-
-    ``save_pretrained`` reverts the model type's load-time conversions, and a ``Transpose(check_dims=True)``
-    (qwen3_vl_moe's experts) transposes a tensor whose shape differs from the live parameter's. Under EP the live
-    parameter is this rank's block of experts, so every expert weight was written transposed, and a square one
-    (gate_up_proj with 2 x moe_intermediate_size = hidden_size) loaded back transposed. Seen against the whole
-    tensor, the check writes what one process writes.
-    """
-    own = model.get_parameter
-
-    def get_parameter(name: str):
-        return state[name] if name in state else own(name)
-
-    model.get_parameter = get_parameter  # an instance attribute over the class's method, removed after
-    try:
-        yield
-    finally:
-        del model.get_parameter
-
-
 def publish(staging: Path, folder: Path) -> None:
-    """Move the staged files into ``folder`` (kept if it exists, e.g. a run folder with checkpoints), config last."""
+    """Move the staged files into ``folder`` (kept if it exists, e.g. a run folder with checkpoints), the manifest
+    and then the config last; weights files of an earlier save the new one does not have are removed first."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = sorted(staging.iterdir(), key=lambda p: p.name in ("config.json", "adapter_config.json"))
-    for path in files:
+    new = {p.name for p in staging.iterdir()}
+    for path in folder.iterdir():
+        if _WEIGHTS.fullmatch(path.name) and path.name not in new:
+            path.unlink()
+    last = ("config.json", "adapter_config.json")
+    for path in sorted(staging.iterdir(), key=lambda p: 2 if p.name in last else 1 if p.name == manifest.MANIFEST else 0):
         os.replace(path, folder / path.name)
     staging.rmdir()
 
 
-def save_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
-    """Every rank calls this; rank 0 writes ``folder/optimizer/`` whole, so it resumes on any layout."""
-    optimizer_state.save_optimizer(model, optimizer, Path(folder) / OPTIMIZER_FOLDER)
+def optimizer_jobs(model, optimizer: torch.optim.Optimizer, folder: str | Path, *, snapshot: bool = False) -> list[Job]:
+    """Every rank calls this; rank 0 writes ``folder/optimizer/optimizer.json`` now; returns the state files' jobs."""
+    return optimizer_state.optimizer_jobs(model, optimizer, Path(folder) / OPTIMIZER_FOLDER, snapshot=snapshot)
 
 
 def load_optimizer(model, optimizer: torch.optim.Optimizer, folder: str | Path) -> list[int] | None:
@@ -176,17 +196,87 @@ def staged_checkpoint_root(run_dir: str) -> str:
     return os.path.join(run_dir, f".{STAGING_PREFIX}checkpoints")
 
 
+def write_checkpoint(run_dir: str, name: str, jobs: list[Job], save_total_limit: int | None = None,
+                     best_model_checkpoint: str | None = None, *, asynchronous: bool = False, **info) -> "AsyncSave | None":
+    """Every rank calls this once transformers has written the small files of ``.tmp-checkpoints/<name>``: the jobs'
+    parts are written (now, or by a thread from the host copies the jobs took), then the manifest, then the
+    checkpoint is renamed into ``run_dir`` and the oldest beyond ``save_total_limit`` rotated away."""
+    staged = os.path.join(staged_checkpoint_root(run_dir), name)
+    if not asynchronous:
+        write_jobs(jobs, staged, **info)
+        promote_checkpoint(run_dir, name, save_total_limit, best_model_checkpoint)
+        return None
+    snapshot = [(job, list(job.parts())) for job in jobs]  # the collectives, in this thread; parts copied to the host
+    return AsyncSave(run_dir, name, staged, snapshot, save_total_limit, best_model_checkpoint, info)
+
+
+class AsyncSave:
+    """A checkpoint written by a thread of each rank from host copies; rank 0's renames it once all are written."""
+
+    def __init__(self, run_dir, name, staged, snapshot, save_total_limit, best_model_checkpoint, info):
+        self.name, self.error = name, None
+        self._rank, self._world = rank(), world()
+        args = (run_dir, name, staged, snapshot, save_total_limit, best_model_checkpoint, info)
+        self._thread = threading.Thread(target=self._write, args=args, name=f"halo-save-{name}", daemon=True)
+        self._thread.start()
+
+    def _write(self, run_dir, name, staged, snapshot, save_total_limit, best_model_checkpoint, info):
+        try:
+            records = [record for job, writes in snapshot for record in write(job, Path(staged), writes)]
+            snapshot.clear()  # the host copies go as soon as they are written
+            manifest.leave_parts(staged, self._rank, records)
+            if self._rank == 0:
+                manifest.write(staged, manifest.take_parts(staged, self._world), **info)
+                _promote(run_dir, name, save_total_limit, best_model_checkpoint)
+        except BaseException as exc:  # the next wait() raises it in the training thread
+            self.error = exc
+            manifest.leave_parts(staged, self._rank, None, error=f"{type(exc).__name__}: {exc}")
+
+    def wait(self) -> None:
+        """Every rank calls this (the next save, the end of training): returns once the checkpoint is in place."""
+        self._thread.join()
+        barrier()
+        if self.error is not None:
+            raise CheckpointError(f"writing {self.name} in the background failed: {type(self.error).__name__}: {self.error}") from self.error
+
+
 def promote_checkpoint(run_dir: str, name: str, save_total_limit: int | None = None, best_model_checkpoint: str | None = None) -> str:
     """Rename the assembled ``checkpoint-N`` into the run folder (rank 0), after every rank finished writing;
     then delete the oldest beyond ``save_total_limit``, keeping the newest and the best as transformers does."""
     barrier()
-    staged = os.path.join(staged_checkpoint_root(run_dir), name)
-    final = os.path.join(run_dir, name)
     if rank() == 0:
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(staged, final)
-        shutil.rmtree(staged_checkpoint_root(run_dir), ignore_errors=True)
-        rotate_checkpoints(run_dir, save_total_limit=save_total_limit, best_model_checkpoint=best_model_checkpoint, use_mtime=True)
+        _promote(run_dir, name, save_total_limit, best_model_checkpoint)
     barrier()
-    return final
+    return os.path.join(run_dir, name)
+
+
+def _promote(run_dir: str, name: str, save_total_limit: int | None, best_model_checkpoint: str | None) -> None:
+    """A checkpoint of the same name already there (the same step saved again) is swapped with the new one in one
+    step (``exchange``), so ``checkpoint-N`` is always one whole checkpoint, old or new; the old is removed after."""
+    root = staged_checkpoint_root(run_dir)
+    staged, final = os.path.join(root, name), os.path.join(run_dir, name)
+    if os.path.exists(final):
+        exchange(staged, final)
+        shutil.rmtree(staged, ignore_errors=True)  # now the old checkpoint
+    else:
+        os.replace(staged, final)
+    with contextlib.suppress(OSError):
+        os.rmdir(root)  # gone once empty (an older Halo's leftovers stay hidden there)
+    rotate_checkpoints(run_dir, save_total_limit=save_total_limit, best_model_checkpoint=best_model_checkpoint, use_mtime=True)
+
+
+def exchange(a: str, b: str) -> None:
+    """Swap two folders atomically (Linux ``renameat2(RENAME_EXCHANGE)``); where the system has none, ``b`` is moved
+    aside whole first (then, for a moment, there is no ``b``, but never a half-deleted one)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        at_fdcwd, rename_exchange = -100, 2
+        if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+            return
+    aside = f"{a}.aside"
+    os.replace(b, aside)
+    os.replace(a, b)
+    os.replace(aside, a)

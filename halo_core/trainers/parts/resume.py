@@ -25,7 +25,8 @@ def check_resume(run) -> None:
     # Imported here: the CLI imports this module for every command, and these bring in torch.
     from transformers.trainer_utils import get_last_checkpoint
 
-    from halo_core.trainers.parts import checkpoint
+    from halo_core.trainers.parts import checkpoint, integrity
+
     value = run.trainer.get(FIELD)
     if value is None or value is False:
         run.trainer.pop(FIELD, None)
@@ -51,4 +52,6 @@ def check_resume(run) -> None:
         raise ConfigError(f"{run.source}: {FIELD} {str(value)!r} is not a checkpoint (it has no {' and no '.join(missing)}); {fix}")
     if checkpoint.pickled_optimizer(folder):
         raise ConfigError(f"{run.source}: {FIELD}: {checkpoint.PICKLED.format(folder=folder)}")
+    for note in integrity.resume_notes(folder, integrity.check_folder(folder, run.source, FIELD)):
+        print(note, flush=True)
     run.trainer[FIELD] = str(folder.resolve())
