@@ -19,9 +19,14 @@ def run_with(*overrides):
 
 
 def fake_checkpoint(folder, files=("trainer_state.json", "model.safetensors")):
+    from safetensors.torch import save_file
+
     folder.mkdir(parents=True)
     for name in files:
-        (folder / name).write_text("{}")
+        if name.endswith(".safetensors"):
+            save_file({}, folder / name)  # a well-formed file (a truncated one is refused: test_checkpoint_integrity.py)
+        else:
+            (folder / name).write_text("{}")
     return folder
 
 
