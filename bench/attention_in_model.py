@@ -8,10 +8,13 @@ sees: the decoder layers of ``--config`` (random init, bf16, on one GPU, no chec
 sequence of random tokens, loss = mean square of the final hidden states, forward+backward. One model;
 the variants switch its attention with transformers' ``set_attn_implementation`` (same weights), eager and
 with each decoder layer's forward under ``torch.compile`` as Halo's ``compile_layers`` does it, so the
-graph breaks flash_attention_4 puts in a compiled layer show in the time. Variants alternate within
+graph breaks flash_attention_4 puts in a compiled layer show in the time. ``halo_fa4`` is
+``flash_attention_4`` with Halo's function (``halo_core/kernels/flash_attention.py``: the same kernels as
+custom operators, no graph break, no read-back) in transformers' registry. Variants alternate within
 each round; the median of CUDA-event step times over all rounds is kept, with each round's median.
-Before timing, the final hidden states and a few gradients of ``flash_attention_4`` are compared with
-``sdpa``'s (both bf16: the difference is rounding through the layers, reported, not judged).
+Before timing, the final hidden states and a few gradients of each FA4 variant are compared with
+``sdpa``'s and with each other (all bf16: the difference is rounding through the layers and the routing
+it flips, reported, not judged).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-VARIANTS = ("sdpa", "flash_attention_4", "sdpa+compile", "flash_attention_4+compile")
+VARIANTS = ("sdpa", "flash_attention_4", "halo_fa4", "sdpa+compile", "flash_attention_4+compile", "halo_fa4+compile")
 DEVICE = "cuda"  # --device cpu: a smoke test of the script with a tiny --config (sdpa variants only)
 
 
@@ -56,11 +59,51 @@ def uncompile_layers(backbone) -> None:
         layer.__dict__.pop("forward", None)
 
 
+def use_attention(backbone, variant: str) -> None:
+    """``halo_fa4``: ``flash_attention_4`` with Halo's function in transformers' registry (as ``halo launch`` puts
+    it, for a run without packed documents); ``flash_attention_4``: transformers' own function."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = variant.split("+")[0]
+    if name in ("flash_attention_4", "halo_fa4"):
+        if name == "halo_fa4":
+            from halo_core.kernels import flash_attention
+
+            flash_attention.register(packed_documents=False)
+        else:
+            ALL_ATTENTION_FUNCTIONS.register("flash_attention_4", TRANSFORMERS_FA4)
+        name = "flash_attention_4"
+    backbone.set_attn_implementation(name)
+    (compile_layers if variant.endswith("+compile") else uncompile_layers)(backbone)
+
+
+def count_fallbacks():
+    """Count the calls Halo's function hands to transformers' ``flash_attention_forward``; returns a reader that undoes it."""
+    import transformers.integrations.flash_attention as theirs
+
+    original, calls = theirs.flash_attention_forward, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    theirs.flash_attention_forward = counted
+
+    def read() -> int:
+        theirs.flash_attention_forward = original
+        return len(calls)
+
+    return read
+
+
 def step(backbone, ids):
+    """Forward and backward; the loss projects the final hidden states on a fixed random direction (their mean
+    square would be constant after the final RMSNorm, and so give no gradient)."""
     for p in backbone.parameters():
         p.grad = None
     hidden = backbone(input_ids=ids, use_cache=False).last_hidden_state
-    loss = hidden.float().pow(2).mean()
+    probe = torch.randn(hidden.shape[-1], device=hidden.device, generator=torch.Generator(hidden.device).manual_seed(0))
+    loss = (hidden.float() @ probe).mean()
     loss.backward()
     return hidden
 
@@ -107,6 +150,10 @@ def main() -> None:
     global DEVICE
     DEVICE = args.device
 
+    global TRANSFORMERS_FA4
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    TRANSFORMERS_FA4 = ALL_ATTENTION_FUNCTIONS["flash_attention_4"]
     backbone = build(args.config)
     torch._dynamo.config.cache_size_limit = 64
     result = {"device": torch.cuda.get_device_name() if DEVICE == "cuda" else DEVICE, "torch": torch.__version__, "args": {k: str(v) for k, v in vars(args).items()}, "rows": [], "checks": []}
@@ -114,25 +161,28 @@ def main() -> None:
         ids = torch.randint(0, backbone.config.vocab_size, (1, seq), device=DEVICE)
         # check: flash_attention_4 against sdpa on the same weights and tokens, eager
         reference = {}
-        for name in [n for n in ("sdpa", "flash_attention_4") if n in {v.split("+")[0] for v in args.variants}]:
-            backbone.set_attn_implementation(name)
+        for name in [n for n in ("sdpa", "flash_attention_4", "halo_fa4") if n in {v.split("+")[0] for v in args.variants}]:
+            use_attention(backbone, name)
+            fallbacks = count_fallbacks() if name == "halo_fa4" else None
             hidden = step(backbone, ids)
+            if fallbacks is not None:  # Halo's function handed these calls to transformers' (expected: none here)
+                result["checks"].append({"seq": seq, "variant": name, "calls_handed_to_transformers": fallbacks()})
+                print(result["checks"][-1], flush=True)
             grads = {n: p.grad.clone() for n, p in backbone.named_parameters() if n.endswith(("layers.0.self_attn.q_proj.weight", "layers.7.self_attn.o_proj.weight", "embed_tokens.weight"))}
             reference[name] = (hidden.detach(), grads)
-        if len(reference) == 2:
-            check = {"seq": seq, "hidden_relative_difference": relative(reference["flash_attention_4"][0], reference["sdpa"][0]),
-                     "grad_relative_difference": {n: relative(g, reference["sdpa"][1][n]) for n, g in reference["flash_attention_4"][1].items()}}
-            result["checks"].append(check)
-            print(check, flush=True)
+        for name, against in (("flash_attention_4", "sdpa"), ("halo_fa4", "sdpa"), ("halo_fa4", "flash_attention_4")):
+            if name in reference and against in reference:
+                check = {"seq": seq, "variant": name, "against": against, "hidden_relative_difference": relative(reference[name][0], reference[against][0]),
+                         "grad_relative_difference": {n: relative(g, reference[against][1][n]) for n, g in reference[name][1].items()}}
+                result["checks"].append(check)
+                print(check, flush=True)
         del reference
         times = {v: [] for v in args.variants}
         rounds = {v: [] for v in args.variants}
         first = {}
         for r in range(args.rounds):
             for variant in args.variants:
-                name, compiled = variant.split("+")[0], variant.endswith("+compile")
-                backbone.set_attn_implementation(name)
-                (compile_layers if compiled else uncompile_layers)(backbone)
+                use_attention(backbone, variant)
                 if r == 0:  # warm-up (compiles): two steps, the first timed on its own
                     t0 = time.perf_counter()
                     step(backbone, ids)
@@ -143,9 +193,7 @@ def main() -> None:
                 times[variant] += got
                 rounds[variant].append(round(statistics.median(got), 2))
         for variant in args.variants:
-            name, compiled = variant.split("+")[0], variant.endswith("+compile")
-            backbone.set_attn_implementation(name)
-            (compile_layers if compiled else uncompile_layers)(backbone)
+            use_attention(backbone, variant)
             peak = float("nan")
             if DEVICE == "cuda":
                 torch.cuda.reset_peak_memory_stats()

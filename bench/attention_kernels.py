@@ -10,22 +10,23 @@ the projections' transposed views, batch 1, bf16, causal. Two shapes:
 * ``qwen3``: the 3B benchmark MoE's attention (``--config``: 32 query heads, 4 key/value heads,
   head dim 128). Variants: ``sdpa`` (PyTorch's own back-end order; the chosen one is recorded),
   ``sdpa-cudnn`` and ``sdpa-flash`` (``sdpa_kernel`` with that one back-end, as Halo's
-  ``sdpa_backends`` sets it), and ``fa4`` (transformers' ``flash_attention_4``, the
-  ``flash-attn-4`` package, CuTe DSL).
+  ``sdpa_backends`` sets it), ``fa4`` (transformers' ``flash_attention_4``, the
+  ``flash-attn-4`` package, CuTe DSL) and ``halo-fa4`` (the same kernels through Halo's custom operators,
+  ``halo_core/kernels/flash_attention.py``, which ``torch.compile`` traces without a graph break).
 * ``gpt-oss``: gpt-oss-20b's full-attention layers (64 query heads, 8 key/value heads, head dim 64)
   with its per-head attention sinks (``s_aux``). gpt-oss declares no SDPA support; its stock
   paths are ``eager`` (its own ``eager_attention_forward``, sinks concatenated to the scores:
   memory quadratic in the sequence, so only up to ``--eager-max-seq``), ``flex`` (transformers'
-  flex attention, sinks applied after it from its log-sum-exp) and ``fa4`` (``learnable_sink``).
+  flex attention, sinks applied after it from its log-sum-exp), ``fa4`` and ``halo-fa4`` (``learnable_sink``).
 
 Correctness, in the same invocation, on fresh random inputs: each variant's output and gradients
 (query, key, value, sinks) against an fp32 reference, by ||x - ref|| / ||ref|| (bf16 operands land
 between 1e-3 and 1e-2). The reference is SDPA's memory-efficient back-end on fp32 copies of the
 inputs (qwen3), gpt-oss's eager attention in fp32 up to ``--eager-max-seq``, and above that the
 forward alone: fp32 attention times sigmoid(lse - sink), which is what a sink does to the softmax.
-The run fails (exit 1, after writing the JSON) if ``fa4`` is off by more than 1e-2 or by more than
-twice the worst stock variant's error. ``fa4`` under ``torch.compile`` (as ``compile_layers``
-would run it) is checked against eager ``fa4`` once, and its graph breaks are counted.
+The run fails (exit 1, after writing the JSON) if ``fa4`` or ``halo-fa4`` is off by more than 1e-2 or by
+more than twice the worst stock variant's error. Each under ``torch.compile`` (as ``compile_layers``
+would run it) is checked against itself eager once, and its graph breaks are counted.
 
 Timing: CUDA events around each call, forward (autograd recording, as in training) and
 forward+backward, ``--iters`` calls per variant per round, variants alternated within each round
@@ -50,9 +51,9 @@ from types import SimpleNamespace
 import torch
 
 GPT_OSS = {"num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64}  # gpt-oss-20b's attention
-QWEN3_VARIANTS = ("sdpa", "sdpa-cudnn", "sdpa-flash", "fa4")
+QWEN3_VARIANTS = ("sdpa", "sdpa-cudnn", "sdpa-flash", "fa4", "halo-fa4")
 DEVICE = "cuda"  # --device cpu: a smoke test of the script itself (no GPU back-ends, no fa4, host timings)
-GPT_OSS_VARIANTS = ("eager", "flex", "fa4")
+GPT_OSS_VARIANTS = ("eager", "flex", "fa4", "halo-fa4")
 
 
 class Attention(torch.nn.Module):
@@ -83,7 +84,7 @@ def make_call(variant: str, shape: dict, sinks: torch.Tensor | None, seq: int):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     heads, kv_heads, head_dim = shape["num_attention_heads"], shape["num_key_value_heads"], shape["head_dim"]
-    implementation = {"fa4": "flash_attention_4", "flex": "flex_attention", "eager": "eager"}.get(variant, "sdpa")
+    implementation = {"fa4": "flash_attention_4", "halo-fa4": "flash_attention_4", "flex": "flex_attention", "eager": "eager"}.get(variant, "sdpa")
     module = Attention(heads, kv_heads, head_dim, implementation, sinks).to(DEVICE).train()
     extra = {"s_aux": sinks} if sinks is not None else {}
     if variant == "eager":
@@ -98,6 +99,8 @@ def make_call(variant: str, shape: dict, sinks: torch.Tensor | None, seq: int):
         function = ALL_ATTENTION_FUNCTIONS["flex_attention"]
         return lambda q, k, v: function(module, q, k, v, block_mask, scaling=module.scaling, **extra)[0]
     function = ALL_ATTENTION_FUNCTIONS[implementation]
+    if variant == "halo-fa4":  # Halo's function over its custom operators (halo_core/kernels/flash_attention.py)
+        from halo_core.kernels.flash_attention import attention_forward as function
     repeated = Attention(heads, heads, head_dim, implementation, sinks).to(DEVICE).train()
 
     def call(q, k, v):
@@ -108,7 +111,7 @@ def make_call(variant: str, shape: dict, sinks: torch.Tensor | None, seq: int):
                 try:
                     return function(module, q, k, v, None, dropout=0.0, scaling=module.scaling, **extra)[0]
                 except RuntimeError as exc:
-                    if "No available kernel" not in str(exc) or not variant.startswith("sdpa"):
+                    if "kernel" not in str(exc) or not variant.startswith("sdpa"):
                         raise
                     call.gqa = "repeat_kv"
             groups = heads // kv_heads
@@ -346,8 +349,9 @@ def measure(name: str, shape: dict, variants, seqs, args, sinks_on: bool) -> tup
     return rows, checks
 
 
-def compiled_check(shape: dict, seq: int) -> dict:
-    """``fa4`` inside ``torch.compile`` (as ``compile_layers`` traces a decoder layer) against eager ``fa4``."""
+def compiled_check(shape: dict, seq: int, variant: str = "fa4") -> dict:
+    """A FlashAttention-4 variant inside ``torch.compile`` (as ``compile_layers`` traces a decoder layer) against
+    itself eager; dynamo's graph-break counts say whether the compiled layer stays one graph."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -355,8 +359,8 @@ def compiled_check(shape: dict, seq: int) -> dict:
 
     counters.clear()
     leaves, sinks, grad = inputs(shape, seq, seed=7, with_sinks=False)
-    eager = make_call("fa4", shape, None, seq)
-    result = {"shape": "qwen3", "seq": seq}
+    eager = make_call(variant, shape, None, seq)
+    result = {"shape": "qwen3", "seq": seq, "variant": variant}
     try:
         out_e = eager(*views(leaves, shape))
         out_e.backward(grad)
@@ -368,7 +372,8 @@ def compiled_check(shape: dict, seq: int) -> dict:
         out_c.backward(grad)
         result["out_relative_difference"] = relative(out_c, out_e.float())
         result["grad_relative_difference"] = [relative(t.grad, g.float()) for t, g in zip(leaves, grads_e)]
-        result["graph_breaks"] = dict(counters["graph_break"])
+        result["graph_breaks"] = sum(counters["graph_break"].values())
+        result["graph_break_reasons"] = [reason.split("\n")[0] for reason in counters["graph_break"]]
         timer = Timer()
         run = step(compiled, shape, leaves, sinks, grad, True)
         for _ in range(3):
@@ -379,7 +384,7 @@ def compiled_check(shape: dict, seq: int) -> dict:
     except Exception as exc:  # noqa: BLE001
         result["error"] = f"{type(exc).__name__}: {exc}"[:2000]
         traceback.print_exc(limit=5)
-    print(f"compiled fa4: {result}", flush=True)
+    print(f"compiled {variant}: {result}", flush=True)
     return result
 
 
@@ -397,16 +402,16 @@ def verdict(checks: list) -> list[str]:
     """Where ``fa4`` is wrong: not finite, over 1e-2, or over twice the worst stock variant's error."""
     failures = []
     for c in checks:
-        if c["variant"] != "fa4":
+        if c["variant"] not in ("fa4", "halo-fa4"):
             continue
         if "error" in c:
-            failures.append(f"{c['shape']} {c['seq']}: fa4 raised {c['error'][:200]}")
+            failures.append(f"{c['shape']} {c['seq']}: {c['variant']} raised {c['error'][:200]}")
             continue
-        stock = [o["relative_error"] for o in checks if o["shape"] == c["shape"] and o["seq"] == c["seq"] and o["variant"] != "fa4" and "relative_error" in o]
+        stock = [o["relative_error"] for o in checks if o["shape"] == c["shape"] and o["seq"] == c["seq"] and "fa4" not in o["variant"] and "relative_error" in o]
         for key, err in c["relative_error"].items():
             worst = max((s[key] for s in stock if key in s and math.isfinite(s[key])), default=0.0)
             if not math.isfinite(err) or err > 1e-2 or (worst and err > 2 * worst):
-                failures.append(f"{c['shape']} {c['seq']} {key}: fa4 {err:.2e} (worst stock {worst:.2e})")
+                failures.append(f"{c['shape']} {c['seq']} {key}: {c['variant']} {err:.2e} (worst stock {worst:.2e})")
     return failures
 
 
@@ -457,11 +462,11 @@ def main() -> None:
         got_rows, got_checks = measure(name, shape, variants, args.seqs, args, sinks_on)
         rows += got_rows
         checks += got_checks
-        if name == "qwen3" and "fa4" in variants and not args.no_compiled_check:
-            compiled = compiled_check(shape, args.seqs[0])
+        if name == "qwen3" and not args.no_compiled_check:
+            compiled = [compiled_check(shape, args.seqs[0], v) for v in ("fa4", "halo-fa4") if v in variants]
     failures = verdict(checks)
     result = {"versions": info, "args": {k: str(v) for k, v in vars(args).items()}, "shapes": {"qwen3": qwen3, "gpt-oss": GPT_OSS},
-              "rows": rows, "checks": checks, "compiled_fa4": compiled, "fa4_failures": failures}
+              "rows": rows, "checks": checks, "compiled": compiled, "fa4_failures": failures}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     print("\nsummary (median ms):")

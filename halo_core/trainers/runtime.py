@@ -56,7 +56,19 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
     name_the_backbone(model)
+    use_attention(model, halo.attn_implementation, args)
     return model
+
+
+def use_attention(model, name: str | None, args) -> None:
+    """The run's ``attn_implementation`` on the built model (no context- or tensor-parallel wrapper: ``check_run``
+    refuses the key with those); ``flash_attention_4`` first puts Halo's function in transformers' registry."""
+    from halo_core.kernels import flash_attention
+
+    if name == flash_attention.IMPLEMENTATION:
+        flash_attention.register(packed_documents=bool(getattr(args, "packing", False) or getattr(args, "padding_free", False)))
+    if name:
+        model.set_attn_implementation(name)
 
 
 def name_the_backbone(model) -> None:
