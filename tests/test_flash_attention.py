@@ -1,7 +1,8 @@
-"""``attn_implementation: flash_attention_4``: refused before start where it cannot run, and the glue Halo puts in
-transformers' registry (layouts, scale, grouped heads, sinks, the autograd rule, one compiled graph), checked on the
-CPU with a reference kernel registered for the operators' CPU dispatch. The CUDA kernels themselves (flash-attn-4)
-are checked against an fp32 reference on the GPU by ``bench/attention_kernels.py`` (``agent-docs/benchmarks.md``)."""
+"""``attn_implementation: flash_attention_4``: refused before start where it cannot run; the run switches the model to
+transformers' function; and Halo's operator-based function, not registered yet (``kernels/flash_attention.py``), checked
+on the CPU with a reference kernel registered for the operators' CPU dispatch (layouts, scale, grouped heads, sinks, the
+autograd rule, one compiled graph). The CUDA kernels themselves (flash-attn-4) are checked against an fp32 reference on
+the GPU by ``bench/attention_kernels.py`` (``agent-docs/benchmarks.md``)."""
 
 import math
 import re
@@ -206,20 +207,46 @@ def test_sdpa_and_eager_pass_and_the_cli_refuses_in_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
-def test_the_run_switches_the_model_and_registers_halos_function(monkeypatch):
+def test_the_run_switches_the_model_to_transformers_function():
+    """The key switches the built model; Halo's operator-based function stays out of the registry until measured on a
+    GPU, so the run gets transformers' own (the one benchmarks.md measured)."""
+    from transformers.integrations.flash_attention import flash_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from halo_core.trainers.runtime import use_attention
 
     switched = []
     model = type("Model", (), {"set_attn_implementation": lambda self, name: switched.append(name)})()
+    use_attention(model, "flash_attention_4")
+    use_attention(model, "eager")
+    use_attention(model, None)
+    assert switched == ["flash_attention_4", "eager"]
+    assert ALL_ATTENTION_FUNCTIONS["flash_attention_4"] is flash_attention_forward
+
+
+def test_register_puts_halos_function_under_transformers_name():
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
     before = ALL_ATTENTION_FUNCTIONS["flash_attention_4"]
     try:
-        use_attention(model, "flash_attention_4", type("Args", (), {"packing": True})())
-        assert ALL_ATTENTION_FUNCTIONS["flash_attention_4"] is flash_attention.attention_forward and flash_attention._packed_documents
-        use_attention(model, "eager", object())
-        use_attention(model, None, object())
+        flash_attention.register(packed_documents=False)
+        assert ALL_ATTENTION_FUNCTIONS["flash_attention_4"] is flash_attention.attention_forward and not flash_attention._packed_documents
     finally:
         ALL_ATTENTION_FUNCTIONS.register("flash_attention_4", before)
         flash_attention._packed_documents = True
-    assert switched == ["flash_attention_4", "eager"]
+
+
+def test_build_model_applies_the_key_to_every_attention_module():
+    from types import SimpleNamespace
+
+    from halo_core.parallel.config import ParallelConfig
+    from halo_core.trainers.arguments import HaloArguments
+    from halo_core.trainers.runtime import build_model
+    from test_run_config import ROOT
+
+    halo = HaloArguments(model_name_or_path=str(ROOT / "templates" / "tiny" / "model"), dataset=[], random_init=True, attn_implementation="eager")
+    model = build_model(halo, SimpleNamespace(bf16=False, use_cpu=True, seed=0), ParallelConfig())
+    implementations = {m.config._attn_implementation for m in model.modules() if type(m).__name__.endswith("Attention")}
+    assert implementations == {"eager"}
+    assert build_model(HaloArguments(**{**halo.__dict__, "attn_implementation": None}), SimpleNamespace(bf16=False, use_cpu=True, seed=0),
+                       ParallelConfig()).config._attn_implementation == "sdpa"

@@ -56,17 +56,15 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
     name_the_backbone(model)
-    use_attention(model, halo.attn_implementation, args)
+    use_attention(model, halo.attn_implementation)
     return model
 
 
-def use_attention(model, name: str | None, args) -> None:
-    """The run's ``attn_implementation`` on the built model (no context- or tensor-parallel wrapper: ``check_run``
-    refuses the key with those); ``flash_attention_4`` first puts Halo's function in transformers' registry."""
-    from halo_core.kernels import flash_attention
-
-    if name == flash_attention.IMPLEMENTATION:
-        flash_attention.register(packed_documents=bool(getattr(args, "packing", False) or getattr(args, "padding_free", False)))
+def use_attention(model, name: str | None) -> None:
+    """The run's ``attn_implementation`` (transformers' name and function) switched on the built model, after the
+    loader laid it out: ``check_run`` refuses the key with context or tensor parallelism, whose attention wrapper
+    takes the implementation when the layout is made. Halo's operator-based ``flash_attention_4`` function
+    (``kernels/flash_attention.register``) is not put in the registry until it has been measured on a GPU."""
     if name:
         model.set_attn_implementation(name)
 
