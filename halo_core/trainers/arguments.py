@@ -46,6 +46,9 @@ class HaloArguments:
     #: transformers' experts implementation (``grouped_mm``, ``eager``, ...; ``liger_moe`` with the GPU
     #: extra); empty = the model's default. Under EP it computes each rank's block.
     experts_implementation: str | None = None
+    #: transformers' attention implementation (``sdpa``, ``eager``; ``flash_attention_4``: FlashAttention-4 on a Hopper
+    #: GPU, the ``fa4`` extra, ``halo_core/kernels/flash_attention.py``); empty = the model's default.
+    attn_implementation: str | None = None
     #: ``torch.compile`` each decoder layer (regional compilation: one compile serves every layer); fuses the
     #: element-wise work and most of the per-step Python. The first step compiles (tens of seconds).
     compile_layers: bool = False

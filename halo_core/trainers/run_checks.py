@@ -71,6 +71,7 @@ def check_run(run: RunConfig, world: int = 1) -> None:
     method = get_method(run.method)
     check_columns(run, method.columns)
     check_step_keys(run, args)
+    check_attn_implementation(run, args)
     if method.check is not None:
         method.check(run, args, world)
     from halo_core.trainers.image_checks import check_images
@@ -106,6 +107,56 @@ def check_step_keys(run: RunConfig, args) -> None:
                           f"sync to the {engine} servers (outside any forward); use rollout_engine: hf, or {fix}")
     if not torch.cuda.is_available():
         raise ConfigError(f"{where}: overlap_optimizer_step: true runs the step on a CUDA side stream, and this machine has no GPU; {fix}")
+
+
+#: The ``attn_implementation`` values Halo trains with (transformers' names); others are refused before start.
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_4")
+
+
+def check_attn_implementation(run: RunConfig, args) -> None:
+    """``attn_implementation``: a name Halo trains with, on a layout and dtype it runs on; FlashAttention-4 installed
+    and a Hopper GPU visible (``halo_core/kernels/flash_attention.py``)."""
+    from halo_core.kernels import flash_attention
+
+    halo, where = run.halo, run.source
+    name = halo.attn_implementation
+    if name is None:
+        return
+    if name not in ATTN_IMPLEMENTATIONS:
+        raise ConfigError(f"{where}: attn_implementation: {name!r} is not one Halo trains with; choose one of {list(ATTN_IMPLEMENTATIONS)} "
+                          f"(or leave it unset for the model's default)")
+    if halo.context_parallel_size > 1 or halo.tensor_parallel_size > 1:
+        raise ConfigError(f"{where}: attn_implementation: {name} with context_parallel_size or tensor_parallel_size above 1 is not "
+                          f"supported yet (Halo's context/tensor-parallel attention wraps the model's default); remove attn_implementation, "
+                          f"or set both sizes to 1")
+    model_class = _model_class(run)
+    supports = {"sdpa": "_supports_sdpa", "flash_attention_4": "_supports_flash_attn"}.get(name)
+    if model_class is not None and supports and not getattr(model_class, supports, False):
+        raise ConfigError(f"{where}: attn_implementation: {name} is not supported by {model_class.__name__} (transformers' {supports} is off); "
+                          f"remove attn_implementation for the model's default, or use eager")
+    if name != flash_attention.IMPLEMENTATION:
+        return
+    if not getattr(args, "bf16", False):
+        raise ConfigError(f"{where}: attn_implementation: {name} computes in bf16, and this run trains in float32 (bf16: false); "
+                          f"set bf16: true, or use sdpa")
+    reason = flash_attention.unavailable_reason()
+    if reason:
+        raise ConfigError(f"{where}: attn_implementation: {name} cannot run here: {reason}; or use sdpa")
+
+
+def _model_class(run: RunConfig):
+    """The family's causal-LM class for a local model folder, whose ``_supports_*`` flags its other heads share
+    (``None`` for a hub id, or a type without one: transformers checks when the worker builds it)."""
+    from halo_core.parallel.loading import model_class_for
+    from halo_core.trainers.run_config import _model_config
+
+    config = _model_config(run)
+    try:
+        cls = None if config is None else model_class_for(config)
+        mapping = getattr(cls, "_model_mapping", None)  # an auto class: the concrete class it builds for this config
+        return mapping[type(config)] if mapping is not None else cls
+    except Exception:  # noqa: BLE001 - the loader names what is wrong with the folder when it builds the model
+        return None
 
 
 def quantization_of(folder: Path) -> str | None:

@@ -56,7 +56,17 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
     if experts == liger.EXPERTS_IMPLEMENTATION:
         liger.check_experts(model)
     name_the_backbone(model)
+    use_attention(model, halo.attn_implementation)
     return model
+
+
+def use_attention(model, name: str | None) -> None:
+    """The run's ``attn_implementation`` (transformers' name and function) switched on the built model, after the
+    loader laid it out: ``check_run`` refuses the key with context or tensor parallelism, whose attention wrapper
+    takes the implementation when the layout is made. Halo's operator-based ``flash_attention_4`` function
+    (``kernels/flash_attention.register``) is not put in the registry until it has been measured on a GPU."""
+    if name:
+        model.set_attn_implementation(name)
 
 
 def name_the_backbone(model) -> None:
