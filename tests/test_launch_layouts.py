@@ -18,7 +18,10 @@ launch = partial(launch_method, "sft")
 
 #: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {
+    "dp2": (2, []),
     "ep2": (2, ["--expert_parallel_size=2"]),
+    # every step's checkpoint written in the background while the next steps run (each waits for the one before)
+    "ep2-async": (2, ["--expert_parallel_size=2", "--async_save=true", "--save_steps=1"]),
     "tp2": (2, ["--tensor_parallel_size=2"]),
     "cp2": (2, ["--context_parallel_size=2"]),
     "cp2-ring": (2, ["--context_parallel_size=2", "--context_parallel_attention=ring"]),
@@ -76,9 +79,27 @@ def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(singl
     expected = losses(reference)
     assert len(expected) == STEPS and losses(out) == pytest.approx(expected, abs=1e-5, rel=0)
     assert logged(out, "num_tokens") == logged(reference, "num_tokens")  # TRL's count, of each rank's own batch
-    expected_weights = weights(reference)
-    for key, tensor in weights(out).items():
+    expected_weights, actual = weights(reference), weights(out)
+    assert actual.keys() == expected_weights.keys()
+    for key, tensor in actual.items():
         assert_close(tensor, expected_weights[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+    assert_written_by_every_rank(out, reference, nproc)
+
+
+def assert_written_by_every_rank(out: Path, reference: Path, nproc: int) -> None:
+    """Every rank wrote part of the final model and of the checkpoint's weights and optimizer state (the manifest
+    records each part's writer), into files holding what one process writes: the same tensors, shapes and dtypes."""
+    from halo_core.parallel.manifest import header, read
+
+    checkpoint = f"checkpoint-{STEPS}"
+    for folder, single, prefixes in ((out, reference, ("model",)), (out / checkpoint, reference / checkpoint, ("model", "optimizer/"))):
+        files = read(folder)["files"]
+        for prefix in prefixes:
+            ranks = {part[3] for name, entry in files.items() if name.startswith(prefix) for parts in entry.get("tensors", {}).values() for part in parts}
+            assert ranks == set(range(nproc)), f"{folder}: {prefix}* written by ranks {sorted(ranks)} of {nproc}"
+        for name in files:
+            if name.endswith(".safetensors"):
+                assert header(folder / name) == header(single / name), name
 
 
 @pytest.mark.parametrize("name", ADAMW_LAYOUTS)
