@@ -63,6 +63,12 @@ class HaloArguments:
     #: PyTorch's scaled-dot-product attention back-ends in the order to try them (``cudnn``, ``flash``, ``efficient``,
     #: ``math``); empty = PyTorch's own order. For ``sdpa`` attention: cuDNN's is often the fastest on Hopper.
     sdpa_backends: list[str] = field(default_factory=list)
+    #: Steps whose loss or gradient norm is non-finite to skip (no update) before the run stops; 0 stops at the first.
+    #: Skipping reads a flag back to the host every step (``parts/nonfinite.py``); stopping does not.
+    max_nonfinite_skips: int = 0
+    #: Start afresh into an ``output_dir`` that holds checkpoints or a model (refused otherwise: it would overwrite
+    #: them); transformers 4's name and meaning, a key transformers 5 dropped.
+    overwrite_output_dir: bool = False
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

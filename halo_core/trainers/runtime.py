@@ -116,6 +116,7 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
         compile_layers=run.halo.compile_layers,
         activation_memory_budget=run.halo.activation_memory_budget,
         overlap_optimizer_step=run.halo.overlap_optimizer_step,
+        max_nonfinite_skips=run.halo.max_nonfinite_skips,
         **trainer_kwargs,
     )
     with attention_backends(run.halo.sdpa_backends):

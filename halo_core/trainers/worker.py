@@ -6,9 +6,11 @@ import os
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.api import SignalException
 
 from halo_core.parallel.process_exit import finish, forget_parent_exit_handlers
 from halo_core.trainers.method import get_method
+from halo_core.trainers.parts import stopping
 from halo_core.trainers.run_config import RunConfig
 
 
@@ -17,7 +19,14 @@ def main(spec: dict) -> None:
     # A forked worker keeps the launcher's thread settings; the ranks share the machine's cores.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     run = RunConfig.from_json(spec)
-    get_method(run.method).run(run)
+    try:
+        get_method(run.method).run(run)
+    except stopping.RunStopped as stopped:
+        stopping.leave(stopped)  # the launcher prints its one line
+    except (KeyboardInterrupt, SignalException):
+        # Ctrl-C reaches every process of the group (and the agent passes it on): the launcher says where to resume;
+        # a traceback from each rank would only bury that line.
+        raise SystemExit(130) from None
     if dist.is_initialized():
         # Leave together with the process group shut down, as torch asks of every process before exit.
         dist.barrier()
