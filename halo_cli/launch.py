@@ -72,8 +72,12 @@ def _train(run: RunConfig, chosen, world: int, launcher_args: list[str], overrid
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
+    def terminated(signum, frame):  # as torchrun's agent turns SIGTERM into an exception where workers run
+        raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+
     try:
         if world == 1:
+            signal.signal(signal.SIGTERM, terminated)
             chosen.run(run)
             return 0
         return _torchrun(run, *where)

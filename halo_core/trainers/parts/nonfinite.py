@@ -225,8 +225,22 @@ def check_resumed(model, optimizer, folder: str) -> None:
     found = agree(first_nonfinite(model, optimizer), _any_tensor(model))
     if found is not None:
         rank, name = found
+        earlier = _earlier_checkpoint(folder)
+        back = f"resume from an earlier checkpoint ({earlier})" if earlier else "start afresh (no earlier checkpoint is beside it)"
         raise RunStopped(f"resume_from_checkpoint {folder}: {name} holds a non-finite value (read by rank {rank}); refusing to "
-                         f"train from it; resume from an earlier checkpoint, or start afresh")
+                         f"train from it; {back}")
+
+
+def _earlier_checkpoint(folder: str) -> str | None:
+    """The newest ``checkpoint-N`` beside ``folder`` with a smaller N."""
+    import re
+    from pathlib import Path
+
+    path = Path(folder)
+    own = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    steps = [(int(m[1]), p) for p in path.parent.glob("checkpoint-*") if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()]
+    earlier = [(step, p) for step, p in steps if own is None or step < int(own[1])]
+    return str(max(earlier)[1]) if earlier else None
 
 
 def check_key(run) -> None:
