@@ -46,7 +46,7 @@ def launch(
     world = nproc * nnodes
     check_run(run, world)
     layout = check_layout(run, world)
-    from halo_core.trainers.parts import nonfinite
+    from halo_core.trainers.parts import nonfinite  # imports torch: here, not for every halo command
 
     nonfinite.check_key(run)
     asked_latest = run.trainer.get(restart.RESUME) is True
