@@ -17,8 +17,13 @@ from sft_workload import WARMUP, trainer_fields
 def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "sft", fields: dict | None = None) -> list[str]:
     """``halo launch METHOD`` over a YAML the harness writes (``method``: ``sft``, or ``dpo`` for ``dpo_vs_trl.py``).
     ``fields``: the method's own keys over the shared ones (``methods_vs_trl.py``); a key set to None is left out."""
+    import shutil
+
     import yaml
 
+    # A repeat of the row starts afresh: halo launch refuses an output_dir that holds the last repeat's model (and a
+    # checkout from before that refusal, ``--tree``, would not know overwrite_output_dir).
+    shutil.rmtree(workdir / "out" / variant, ignore_errors=True)
     run = {
         "model_name_or_path": str(workdir / "model"), "random_init": True, "dataset": [{"path": str(workdir / "data.jsonl")}],
         "expert_parallel_size": spec["ep"], **trainer_fields(spec, args, workdir / "out" / variant),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -18,6 +19,7 @@ from rich.table import Table
 from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
 from halo_core.trainers.parts.integrity import check_model
+from halo_core.trainers.parts import restart, stopping
 from halo_core.trainers.parts.resume import check_resume
 from halo_core.trainers.run_checks import check_run
 from halo_core.trainers.run_config import RunConfig, check_layout, load_run_config, parse_overrides
@@ -45,15 +47,61 @@ def launch(
     world = nproc * nnodes
     check_run(run, world)
     layout = check_layout(run, world)
+    from halo_core.trainers.parts import nonfinite  # imports torch: here, not for every halo command
+
+    nonfinite.check_key(run)
+    asked_latest = run.trainer.get(restart.RESUME) is True
     check_resume(run)
     check_model(run)
+    restart.check_output_dir(run)
+    resuming = restart.resuming_line(run, asked_latest)
+    if resuming:
+        console.print(resuming, markup=False, highlight=False, soft_wrap=True)
     if dry_run:
         _print_plan(run, layout, world)
         return
-    if world == 1:
-        chosen.run(run)
-        return
-    raise typer.Exit(_torchrun(run, nproc, nnodes, node_rank, rdzv_endpoint))
+    launcher_args = [method, str(config), "--nproc", str(nproc)]
+    if nnodes > 1:
+        launcher_args += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-endpoint", str(rdzv_endpoint)]
+    raise typer.Exit(_train(run, chosen, world, launcher_args, list(ctx.args), nproc, nnodes, node_rank, rdzv_endpoint))
+
+
+def _train(run: RunConfig, chosen, world: int, launcher_args: list[str], overrides: list[str], *where) -> int:
+    """Train (in this process, or in workers), ending an interrupt (Ctrl-C: SIGINT to the process group; or SIGTERM)
+    with one line naming the last complete checkpoint and the command that resumes it, exit 128 + the signal's number,
+    instead of the launcher's traceback."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    def terminated(signum, frame):  # as torchrun's agent turns SIGTERM into an exception where workers run
+        raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
+
+    try:
+        if world == 1:
+            signal.signal(signal.SIGTERM, terminated)
+            chosen.run(run)
+            return 0
+        return _torchrun(run, *where)
+    except stopping.RunStopped as stopped:  # one process: the line the workers would have left the launcher
+        _close_progress_bars()
+        stopping.say(str(stopped))
+        return 1
+    except (KeyboardInterrupt, SignalException) as interrupt:
+        number = getattr(interrupt, "sigval", signal.SIGINT)
+        _close_progress_bars()
+        sys.stdout.flush()
+        print(restart.interrupted_line(run, launcher_args, overrides, signal.Signals(number).name), file=sys.stderr, flush=True)
+        return 128 + int(number)
+
+
+def _close_progress_bars() -> None:
+    """With one process the trainer's progress bar is still open when training ends by an exception, and would redraw
+    itself after the launcher's last line."""
+    from tqdm import tqdm
+
+    for bar in list(tqdm._instances):  # noqa: SLF001
+        bar.close()
 
 
 def _print_plan(run: RunConfig, layout: dict, world: int) -> None:
@@ -97,11 +145,47 @@ def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endp
         config, _, _ = config_from_args(get_args_parser().parse_args([*args, f"--start-method={method}", "halo-worker"]))
         if method == "forkserver":
             multiprocessing.set_forkserver_preload([worker.__name__, get_method(run.method).run.__module__])
+        report = Path(folder) / "stopped"
+        os.environ[stopping.REPORT] = str(report)  # where a worker stopping on purpose leaves its one line (parts.stopping)
         sys.stdout.flush()
         sys.stderr.flush()
         try:
-            elastic_launch(config, worker.main)(run.to_json())
+            with _quiet_shutdown():
+                elastic_launch(config, worker.main)(run.to_json())
         except ChildFailedError as failure:
-            print(failure.format_msg(), file=sys.stderr)
+            message = stopping.reported(failure, report)
+            if message is not None:
+                stopping.say(message)
+            else:
+                print(failure.format_msg(), file=sys.stderr)
             return 1
+        finally:
+            os.environ.pop(stopping.REPORT, None)
         return 0
+
+
+#: What torchrun's agent logs as it ends the workers (after an interrupt, or after a worker stopped on purpose with its
+#: own line, ``stopping.EXIT_CODE``); the launcher's own line says what happened. A worker's real failure still shows.
+_SHUTDOWN_NOISE = {
+    "torch.distributed.elastic.agent.server.api": lambda r: r.msg == "Received %s death signal, shutting down workers",
+    "torch.distributed.elastic.multiprocessing.api": lambda r: r.msg == "Closing process %s via signal %s"
+    or (str(r.msg).startswith("failed (exitcode: %s)") and bool(r.args) and r.args[0] == stopping.EXIT_CODE),
+}
+
+
+@contextlib.contextmanager
+def _quiet_shutdown():
+    import logging
+
+    def drop(record: logging.LogRecord) -> bool:
+        noise = _SHUTDOWN_NOISE.get(record.name)
+        return not (noise and noise(record))
+
+    loggers = [logging.getLogger(name) for name in _SHUTDOWN_NOISE]
+    for logger in loggers:
+        logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(drop)

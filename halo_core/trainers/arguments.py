@@ -70,6 +70,12 @@ class HaloArguments:
     #: (as ``torch.distributed.checkpoint.async_save``); the folder appears once complete, and the next save and the
     #: end of training wait for it. Costs host memory for a rank's share of the weights and optimizer state.
     async_save: bool = False
+    #: Steps whose loss or gradient norm is non-finite to skip (no update) before the run stops; 0 stops at the first.
+    #: Skipping reads a flag back to the host every step (``parts/nonfinite.py``); stopping does not.
+    max_nonfinite_skips: int = 0
+    #: Start afresh into an ``output_dir`` that holds checkpoints or a model (refused otherwise: it would overwrite
+    #: them); transformers 4's name and meaning, a key transformers 5 dropped.
+    overwrite_output_dir: bool = False
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, nan_filter
+from halo_core.trainers.parts import checkpoint, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -42,7 +42,8 @@ class DistributedTrainerMixin:
     halo_shared_batch: bool = False
 
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
-                 activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, async_save: bool = False, **kwargs):
+                 activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, async_save: bool = False,
+                 max_nonfinite_skips: int = 0, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
         reference = kwargs.get("ref_model")
         if reference is not None:
@@ -54,6 +55,7 @@ class DistributedTrainerMixin:
         self._halo_kahan = adamw_bf16_kahan
         self._halo_overlap = overlap_optimizer_step
         self._halo_meter = ThroughputMeter()
+        self._halo_steps = nonfinite.StepGuard(max_nonfinite_skips)  # a non-finite loss or gradient norm stops the run (or skips)
         self._halo_staging = False
         self._halo_async = async_save
         self._halo_jobs = None  # while a checkpoint is assembled: the weights' and optimizer state's jobs
@@ -110,6 +112,7 @@ class DistributedTrainerMixin:
     def training_step(self, model, inputs, num_items_in_batch=None):
         self._halo_meter.count(inputs)
         loss = super().training_step(model, inputs, num_items_in_batch)
+        self._halo_steps.see_loss(loss)
         if self.accelerator.sync_gradients:  # last micro-batch of the accumulation window
             # Where the trainer clips next, the division by dp rides on the clipping's own multiply.
             self._halo_owed = sync_gradients(self._halo_laid_out, divide=not self.args.max_grad_norm > 0)
@@ -117,7 +120,8 @@ class DistributedTrainerMixin:
         # quotient is its share of its pool's loss, as at tp=1; a CP rank holds only its chunk's part, so cp times it.
         # A sequence-level loss is the pool's whole loss on every rank of the pool already.
         loss = loss if self.halo_sequence_loss else loss * layout_of(self.model).dims.cp
-        return nan_filter.filtered(self, loss, self._halo_nan_filter)
+        # A step skipped for a non-finite loss leaves it out of the logged loss, whatever the user's filter says.
+        return nan_filter.filtered(self, loss, self._halo_nan_filter or self._halo_steps.skipping)
 
     def evaluation_loop(self, *args, **kwargs):
         with nan_filter.users_flag(self.args, self._halo_nan_filter):
@@ -154,13 +158,17 @@ class DistributedTrainerMixin:
         return clip_gradients(self._halo_laid_out, self.optimizer, self.args.max_grad_norm, owed)
 
     def _get_grad_norm(self, model, grad_norm=None):
-        return global_grad_norm(self._halo_laid_out) if grad_norm is None else grad_norm
+        grad_norm = global_grad_norm(self._halo_laid_out) if grad_norm is None else grad_norm
+        self._halo_steps.see_step(self, grad_norm)  # called before every optimizer step, clipping or not
+        return grad_norm
 
     # -- metrics ---------------------------------------------------------------------------
 
     def log(self, logs, *args, **kwargs):
         if "loss" in logs:
             logs.update(self._halo_meter.drain(self.args.device))
+            if self._halo_steps.skipped:
+                logs["nonfinite_skips"] = self._halo_steps.skipped
         return super().log(logs, *args, **kwargs)
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -179,6 +187,7 @@ class DistributedTrainerMixin:
 
     def save_model(self, output_dir=None, _internal_call=False):
         self._halo_wait_for_step()
+        self._halo_steps.settle(self)  # the last step's flags, read before anything of it is written
         folder = output_dir or self.args.output_dir
         if self._halo_jobs is not None:  # a checkpoint's weights: written with its optimizer state (_save_checkpoint)
             self._halo_jobs += checkpoint.model_jobs(self._halo_laid_out, folder, self.processing_class, snapshot=self._halo_async)
@@ -194,6 +203,7 @@ class DistributedTrainerMixin:
 
     def _save_checkpoint(self, model, trial):
         self._halo_wait_for_save()
+        nonfinite.check_before_checkpoint(self, self._halo_laid_out, self.optimizer)  # a non-finite checkpoint is never written
         self._halo_staging, self._halo_jobs = True, []
         try:
             with nan_filter.users_flag(self.args, self._halo_nan_filter):
@@ -228,6 +238,7 @@ class DistributedTrainerMixin:
             return
         groups = checkpoint.load_optimizer(self._halo_laid_out, self.optimizer, folder)
         checkpoint.load_scheduler(self.lr_scheduler, folder, groups)
+        nonfinite.check_resumed(self._halo_laid_out, self.optimizer, folder)  # weights (read before) and optimizer state
 
     def _load_rng_state(self, folder):
         # transformers reads it with weights_only=True (plain data only); this names the file if that refuses one.

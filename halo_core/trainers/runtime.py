@@ -127,6 +127,7 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
         activation_memory_budget=run.halo.activation_memory_budget,
         overlap_optimizer_step=run.halo.overlap_optimizer_step,
         async_save=run.halo.async_save,
+        max_nonfinite_skips=run.halo.max_nonfinite_skips,
         **trainer_kwargs,
     )
     with attention_backends(run.halo.sdpa_backends):
