@@ -177,6 +177,7 @@ def test_a_checkpoint_holding_nan_is_refused_before_the_first_step_and_nothing_i
     state = load_file(path)
     state["model.layers.1.mlp.experts.down_proj"][5, 0, :64] = float("nan")
     save_file(state, path)
+    (out / "checkpoint-3" / "halo-manifest.json").unlink()  # as an older Halo wrote it (else the changed size is refused first)
     result = run_halo("launch", "sft", str(TINY), "--nproc", "2", "--", f"--output_dir={out}", *STEPS, "--max_steps=6",
                       "--save_total_limit=2", "--resume_from_checkpoint=true", cwd=tmp_path)
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -184,4 +185,4 @@ def test_a_checkpoint_holding_nan_is_refused_before_the_first_step_and_nothing_i
                                  f"holds a non-finite value (read by rank 1); refusing to train from it; resume from an earlier "
                                  f"checkpoint ({out / 'checkpoint-2'})")
     assert checkpoints(out) == ["checkpoint-1", "checkpoint-2", "checkpoint-3"] and not (out / "config.json").exists()
-    assert result.stdout.splitlines()[0] == f"resuming from {out / 'checkpoint-3'} (the latest checkpoint in output_dir)"
+    assert f"resuming from {out / 'checkpoint-3'} (the latest checkpoint in output_dir)" in result.stdout.splitlines()
