@@ -97,9 +97,13 @@ def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endp
             multiprocessing.set_forkserver_preload([worker.__name__, get_method(run.method).run.__module__])
         sys.stdout.flush()
         sys.stderr.flush()
+        from halo_core.trainers.parts import worker_failure
+
+        worker_failure.quiet_agent_log()  # a worker's one-line error is not repeated under its traceback
         try:
             elastic_launch(config, worker.main)(run.to_json())
         except ChildFailedError as failure:
-            print(failure.format_msg(), file=sys.stderr)
+            line = worker_failure.one_line(failure)
+            print(f"error: {line}" if line else failure.format_msg(), file=sys.stderr)
             return 1
         return 0
