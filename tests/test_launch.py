@@ -162,6 +162,20 @@ def test_save_total_limit_keeps_the_newest_checkpoints(adamw_runs):
         assert not list(run.glob(".*"))
 
 
+def test_the_launchers_checkpoint_size_estimate_covers_what_a_save_writes(adamw_runs):
+    """``output_room``'s estimate against the checkpoint the run wrote: at least its size, and above it by no more than
+    the allowance for small files (a state counted twice, or one missed, would fall outside)."""
+    from trl import SFTConfig
+
+    from halo_core.trainers.parts.output_room import SMALL_FILES, checkpoint_bytes
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    run = load_run_config("sft", SFTConfig, TINY, parse_overrides([*ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=2"]))
+    estimate, parts = checkpoint_bytes(run)
+    written = sum(p.stat().st_size for p in (adamw_runs["one"] / "checkpoint-6").rglob("*") if p.is_file())
+    assert written <= estimate <= written + SMALL_FILES, (written, parts)
+
+
 @pytest.mark.parametrize(
     "saved, resumed, nproc",
     [("ep2", ["--expert_parallel_size=1", "--per_device_train_batch_size=2"], 1),
