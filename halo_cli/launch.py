@@ -17,6 +17,7 @@ from rich.table import Table
 
 from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
+from halo_core.trainers.parts.global_batch import keep as keep_global_batch
 from halo_core.trainers.parts.output_room import check_output_dir
 from halo_core.trainers.parts.resume import check_resume
 from halo_core.trainers.run_checks import check_run
@@ -46,6 +47,7 @@ def launch(
     check_run(run, world)
     layout = check_layout(run, world)
     check_resume(run)
+    keep_global_batch(run, world)
     check_output_dir(run, world)
     if dry_run:
         _print_plan(run, layout, world)

@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, nan_filter
+from halo_core.trainers.parts import checkpoint, global_batch, nan_filter
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -195,6 +195,7 @@ class DistributedTrainerMixin:
             self.state.best_model_checkpoint = os.path.join(run_dir, name)
             if self.args.should_save:
                 self.state.save_to_json(os.path.join(staged_root, name, "trainer_state.json"))
+        global_batch.record(self, os.path.join(staged_root, name))  # the global batch a resume keeps (launcher)
         checkpoint.promote_checkpoint(run_dir, name, self.args.save_total_limit, self.state.best_model_checkpoint)
 
     def _save_optimizer_and_scheduler(self, output_dir):
