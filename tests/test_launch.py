@@ -250,7 +250,7 @@ def test_a_checkpoint_without_its_global_batch_resumes_as_before_saying_so(adamw
     code, out, err = dry_run(monkeypatch, capsys, *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=1",
                              f"--output_dir={tmp_path / 'out'}", f"--resume_from_checkpoint={old}")
     notes = [line for line in out.splitlines() if line.startswith("resuming")]
-    assert code == 0 and len(notes) == 1 and "records no global batch (halo-run.json" in notes[0] and "not checked" in notes[0], out + err
+    assert code == 0 and len(notes) == 1 and "records no global batch (no halo-run.json" in notes[0] and "not checked" in notes[0], out + err
     assert "gradient_accumulation_steps:" not in out  # the printed config: unchanged
 
 

@@ -46,7 +46,7 @@ def keep(run, world: int) -> None:
     name = Path(folder).name
     path = Path(folder) / RECORD
     if not path.is_file():
-        print(f"resuming {name}: it records no global batch ({RECORD}, written since Halo keeps it), so it is not checked; "
+        print(f"resuming {name}: it records no global batch (no {RECORD}: saved by a Halo from before checkpoints recorded it), so it is not checked; "
               f"{BATCH} x {ACCUMULATION} x {world} process(es) must equal the batch it was saved at for the run to continue as it was",
               flush=True)
         return
