@@ -19,7 +19,8 @@ from rich.table import Table
 from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
 from halo_core.trainers.parts.integrity import check_model
-from halo_core.trainers.parts import restart, stopping
+from halo_core.trainers.parts import output_room, restart, stopping
+from halo_core.trainers.parts.global_batch import keep as keep_global_batch
 from halo_core.trainers.parts.resume import check_resume
 from halo_core.trainers.run_checks import check_run
 from halo_core.trainers.run_config import RunConfig, check_layout, load_run_config, parse_overrides
@@ -53,7 +54,9 @@ def launch(
     asked_latest = run.trainer.get(restart.RESUME) is True
     check_resume(run)
     check_model(run)
+    keep_global_batch(run, world)
     restart.check_output_dir(run)
+    output_room.check_output_dir(run, world)
     resuming = restart.resuming_line(run, asked_latest)
     if resuming:
         console.print(resuming, markup=False, highlight=False, soft_wrap=True)
@@ -149,6 +152,9 @@ def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endp
         os.environ[stopping.REPORT] = str(report)  # where a worker stopping on purpose leaves its one line (parts.stopping)
         sys.stdout.flush()
         sys.stderr.flush()
+        from halo_core.trainers.parts import worker_failure
+
+        worker_failure.quiet_agent_log()  # a worker's one-line error is not repeated under its traceback
         try:
             with _quiet_shutdown():
                 elastic_launch(config, worker.main)(run.to_json())
@@ -157,7 +163,8 @@ def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endp
             if message is not None:
                 stopping.say(message)
             else:
-                print(failure.format_msg(), file=sys.stderr)
+                line = worker_failure.one_line(failure)
+                print(f"error: {line}" if line else failure.format_msg(), file=sys.stderr)
             return 1
         finally:
             os.environ.pop(stopping.REPORT, None)

@@ -162,6 +162,20 @@ def test_save_total_limit_keeps_the_newest_checkpoints(adamw_runs):
         assert not list(run.glob(".*"))
 
 
+def test_the_launchers_checkpoint_size_estimate_covers_what_a_save_writes(adamw_runs):
+    """``output_room``'s estimate against the checkpoint the run wrote: at least its size, and above it by no more than
+    the allowance for small files (a state counted twice, or one missed, would fall outside)."""
+    from trl import SFTConfig
+
+    from halo_core.trainers.parts.output_room import SMALL_FILES, checkpoint_bytes
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    run = load_run_config("sft", SFTConfig, TINY, parse_overrides([*ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=2"]))
+    estimate, parts = checkpoint_bytes(run)
+    written = sum(p.stat().st_size for p in (adamw_runs["one"] / "checkpoint-6").rglob("*") if p.is_file())
+    assert written <= estimate <= written + SMALL_FILES, (written, parts)
+
+
 @pytest.mark.parametrize(
     "saved, resumed, nproc",
     [("ep2", ["--expert_parallel_size=1", "--per_device_train_batch_size=2"], 1),
@@ -178,6 +192,66 @@ def test_resume_on_another_layout_continues_exactly(adamw_runs, tmp_path, saved,
     reference = weights(straight)
     for name, tensor in weights(out).items():
         assert_close(tensor, reference[name], f"{name} after resuming {saved}'s step 4 with {resumed} on {nproc} process(es)", rtol=1e-4)
+
+
+def test_resuming_on_fewer_processes_keeps_the_global_batch(adamw_runs, tmp_path):
+    """ep=2's checkpoint resumed in one process with the batch keys unchanged: the launcher raises the accumulation to
+    keep the global batch the checkpoint records, and the run continues as the uninterrupted one (without that it
+    trains at half the batch)."""
+    saved = adamw_runs["ep2"]
+    out = tmp_path / "resumed"
+    result = launch(out, *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=1", f"--resume_from_checkpoint={saved / 'checkpoint-4'}")
+    assert losses(out)[-2:] == pytest.approx(losses(saved)[-2:], abs=1e-5, rel=0)
+    line = "resuming checkpoint-4 at global batch 2 (saved so): gradient_accumulation_steps 1 -> 2 for 1 process(es) x per_device_train_batch_size 1"
+    assert result.stdout.count(line) == 1, result.stdout[-3000:]
+    record = json.loads((saved / "checkpoint-4" / "halo-run.json").read_text())
+    assert record == {"global_batch": 2, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1, "processes": 2}
+    assert json.loads((out / "checkpoint-6" / "halo-run.json").read_text())["gradient_accumulation_steps"] == 2
+
+
+def dry_run(monkeypatch, capsys, *overrides, nproc=1):
+    """``halo launch sft --dry-run`` through the CLI's entry point in this process: (exit code, stdout, stderr)."""
+    from halo_cli import main
+
+    monkeypatch.setattr("sys.argv", ["halo", "launch", "sft", str(TINY), "--nproc", str(nproc), "--dry-run", "--", *overrides])
+    code = 0
+    try:
+        main.app()
+    except SystemExit as ended:
+        code = ended.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_the_dry_run_shows_the_accumulation_that_keeps_the_global_batch(adamw_runs, tmp_path, monkeypatch, capsys):
+    checkpoint = adamw_runs["ep2"] / "checkpoint-4"
+    common = [*ADAMW, "--expert_parallel_size=1", f"--output_dir={tmp_path / 'out'}", f"--resume_from_checkpoint={checkpoint}"]
+    code, out, err = dry_run(monkeypatch, capsys, *common, "--per_device_train_batch_size=1")
+    assert code == 0 and "gradient_accumulation_steps 1 -> 2" in out and "gradient_accumulation_steps: 2\n" in out, out + err
+    code, out, err = dry_run(monkeypatch, capsys, *common, "--per_device_train_batch_size=2")  # keys that keep it already
+    assert code == 0 and "resuming" not in out and "gradient_accumulation_steps" not in out, out + err
+
+
+def test_a_global_batch_no_accumulation_keeps_is_refused_before_start(adamw_runs, tmp_path, monkeypatch, capsys):
+    checkpoint = adamw_runs["ep2"] / "checkpoint-4"
+    code, out, err = dry_run(monkeypatch, capsys, *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=3",
+                             f"--output_dir={tmp_path / 'out'}", f"--resume_from_checkpoint={checkpoint}")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, out + err
+    assert ("checkpoint-4 trained at global batch 2 (per_device_train_batch_size x gradient_accumulation_steps x processes = 1 x 1 x 2), "
+            "and 1 process(es) x per_device_train_batch_size 3 = 3 does not divide it; set per_device_train_batch_size x "
+            "gradient_accumulation_steps = 2 (e.g. -- --per_device_train_batch_size=2 --gradient_accumulation_steps=1)") in lines[0], lines[0]
+
+
+def test_a_checkpoint_without_its_global_batch_resumes_as_before_saying_so(adamw_runs, tmp_path, monkeypatch, capsys):
+    old = tmp_path / "checkpoint-4"
+    shutil.copytree(adamw_runs["ep2"] / "checkpoint-4", old)
+    (old / "halo-run.json").unlink()  # as written before Halo recorded it
+    code, out, err = dry_run(monkeypatch, capsys, *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=1",
+                             f"--output_dir={tmp_path / 'out'}", f"--resume_from_checkpoint={old}")
+    notes = [line for line in out.splitlines() if line.startswith("resuming")]
+    assert code == 0 and len(notes) == 1 and "records no global batch (no halo-run.json" in notes[0] and "not checked" in notes[0], out + err
+    assert "gradient_accumulation_steps:" not in out  # the printed config: unchanged
 
 
 def test_resuming_runs_no_code_from_the_checkpoint(adamw_runs, tmp_path):

@@ -67,6 +67,7 @@ def test_every_method_has_a_bundled_config():
         (["--data_seed=-3"], "data_seed", -3),
         (["--max_length=0"], "max_length", 0),
         (["--dataset_num_proc=0"], "dataset_num_proc", 0),
+        (["--ddp_timeout=0"], "ddp_timeout", 0),
     ],
 )
 def test_numbers_the_optimizer_or_dataloader_would_refuse(overrides, field, value):

@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, nan_filter, nonfinite
+from halo_core.trainers.parts import checkpoint, global_batch, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -220,6 +220,7 @@ class DistributedTrainerMixin:
             self.state.best_model_checkpoint = os.path.join(run_dir, name)
             if self.args.should_save:
                 self.state.save_to_json(os.path.join(staged_root, name, "trainer_state.json"))
+        global_batch.record(self, os.path.join(staged_root, name))  # the global batch a resume keeps (launcher)
         self._halo_pending = checkpoint.write_checkpoint(run_dir, name, jobs, self.args.save_total_limit, self.state.best_model_checkpoint,
                                                          asynchronous=self._halo_async, step=self.state.global_step)
 

@@ -55,6 +55,7 @@ RANGES = tuple(Range(*rule) for rule in (
     ("data_seed", lambda v: v is None or 0 <= v < 2**32, _SEED_RANGE),
     ("max_length", lambda v: v is None or v >= 1, "at least 1 token, or empty for no truncation"),
     ("dataset_num_proc", lambda v: v is None or v >= 1, "at least 1, or empty for one process"),
+    ("ddp_timeout", lambda v: v > 0, "above 0 seconds (how long any collective waits for the other ranks before the run stops)"),
     ("beta", lambda v: v is None or v > 0, "above 0 (the preference loss's inverse temperature), e.g. 0.1", lambda a: not _is_rl(a)),
     ("beta", lambda v: v >= 0, "0 or above (the KL penalty's weight; 0 keeps no reference policy)", _is_rl),
 ))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -11,12 +12,18 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.trainers.arguments import HaloArguments
 
 
-def init_distributed() -> None:
-    """Join the group ``torch.distributed.run`` describes (gloo on CPU, NCCL on GPUs); no-op in one process."""
+def init_distributed(timeout_s: float | None = None) -> None:
+    """Join the group ``torch.distributed.run`` describes (gloo on CPU, NCCL on GPUs); no-op in one process.
+    ``timeout_s``: how long any collective of the run may wait (``ddp_timeout``, ``parts/collective_timeout.py``)."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", timeout=timeout)
+        if timeout is not None:
+            from halo_core.trainers.parts.collective_timeout import apply_to_new_groups
+
+            apply_to_new_groups(timeout)
 
 
 def method_args(config_class, fields: dict):
@@ -97,13 +104,22 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
     ``num_labels(args)``: a sequence-classification model with that many outputs (reward, classify).
     ``frozen(args, parallel)``: more frozen models the trainer takes, ``{keyword: (model, its ParallelConfig)}``
     (distill's teacher, laid out by its own degrees).
-    Returns the trainer (its model is the trained, laid-out one).
+    Returns the trainer (its model is the trained, laid-out one). A collective that waits past ``ddp_timeout``
+    ends it with one line naming the step (``parts/collective_timeout.py``).
     """
+    from halo_core.trainers.parts import collective_timeout
+
+    timeout_s = collective_timeout.seconds(run, config_class)
+    init_distributed(timeout_s)
+    with collective_timeout.Watch(timeout_s) as watch:
+        return _train(run, trainer_class, config_class, watch, reference=reference, num_labels=num_labels, frozen=frozen, **trainer_kwargs)
+
+
+def _train(run, trainer_class, config_class, watch, *, reference, num_labels, frozen, **trainer_kwargs):
     from halo_core.trainers.parts.data import load_sources
 
     from halo_core.trainers.parts.processor import build_processing_class
 
-    init_distributed()
     args = method_args(config_class, run.trainer)
     parallel = run.halo.parallel_config()
     dataset = load_sources(run.halo.dataset)
@@ -130,6 +146,7 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
         max_nonfinite_skips=run.halo.max_nonfinite_skips,
         **trainer_kwargs,
     )
+    watch.trainer = trainer
     with attention_backends(run.halo.sdpa_backends):
         trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
