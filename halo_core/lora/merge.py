@@ -1,7 +1,13 @@
-"""``halo export --merge``: an adapter folder merged into its base, written as a plain Hugging Face checkpoint.
+"""``halo export --merge``: an adapter folder merged into its base, written as a plain Hugging Face checkpoint, in
+bounded memory.
 
-PEFT's own ``merge_and_unload`` on one process does the arithmetic, so the merged weights are what any PEFT
-user gets from the same files.
+The output is what ``PeftModel.from_pretrained(Auto*.from_pretrained(base), adapter).merge_and_unload()`` and
+``save_pretrained`` write (same keys, shapes, dtypes and values), but the base is never loaded whole: it is built on
+the meta device (``merge_base``), and the saved groups of tensors (``conversion_save``: transformers' own layout on
+disk, one tensor per expert where the model type stores them so) are made one at a time, each from the base tensors
+it needs, read as transformers' conversion mapping says and merged by PEFT's own layers (``merge_stream``), and written
+with Halo's writer (``sharded_save``) before the next is made. Memory: the adapter plus about three times the largest
+group (its base tensors as read, as converted, and as written), never the model.
 """
 
 from __future__ import annotations
@@ -13,13 +19,16 @@ import torch
 
 from halo_core.errors import ConfigError
 
+#: The run's tokenizer files, copied beside the merged weights as they are.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
 
 def merge(adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Load ``adapter_dir``'s base and adapter with stock transformers and PEFT, merge, save into ``out_dir``."""
-    import transformers
-    from peft import PeftModel
-
-    from halo_core.lora import peft_format
+    """``adapter_dir``'s adapter merged into the base its ``adapter_config.json`` names, written into ``out_dir``."""
+    from halo_core.lora import merge_base, peft_format
+    from halo_core.lora.merge_stream import MergedWeights, load_adapter
+    from halo_core.parallel import manifest
+    from halo_core.parallel.sharded_save import write
     from halo_core.trainers.parts.checkpoint import STAGING_PREFIX, publish
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
@@ -27,20 +36,69 @@ def merge(adapter_dir: str | Path, out_dir: str | Path) -> Path:
         raise ConfigError(f"{adapter_dir} holds no adapter ({peft_format.ADAPTER_CONFIG} and {peft_format.ADAPTER_WEIGHTS}); "
                           f"give the output_dir of a run with use_peft: true, or one of its checkpoint-N folders")
     config = peft_format.read_config(adapter_dir)
-    base = config.get("base_model_name_or_path")
-    if not base:
+    name = config.get("base_model_name_or_path")
+    if not name:
         raise ConfigError(f"{adapter_dir}/{peft_format.ADAPTER_CONFIG} names no base_model_name_or_path; set it to the base model's folder or hub id")
-    auto = transformers.AutoModelForSequenceClassification if config.get("task_type") == "SEQ_CLS" else transformers.AutoModelForCausalLM
-    model = auto.from_pretrained(base, dtype=torch.float32 if _stored_dtype(adapter_dir) == torch.float32 else "auto")
-    merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    dtype = torch.float32 if _stored_dtype(adapter_dir) == torch.float32 else "auto"
+    base = merge_base.load(name, dtype, sequence_classification=config.get("task_type") == "SEQ_CLS")
+    job = merged_job(base, MergedWeights(base, load_adapter(base, adapter_dir)))
     staging = out_dir.parent / f".{out_dir.name}.{STAGING_PREFIX}merge"
     shutil.rmtree(staging, ignore_errors=True)
-    merged.save_pretrained(staging)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
-        if (adapter_dir / name).exists():
-            shutil.copy(adapter_dir / name, staging / name)
+    staging.mkdir(parents=True)
+    _write_config(base.model, staging)
+    records = write(job, staging)
+    for file in TOKENIZER_FILES:
+        if (adapter_dir / file).exists():
+            shutil.copy(adapter_dir / file, staging / file)
+    manifest.write(staging, records)
     publish(staging, out_dir)
     return out_dir
+
+
+def merged_job(base, weights) -> "Job":
+    """The merged model's files as ``save_pretrained`` lays them out, and a generator making and yielding each saved
+    group's tensors in turn (``weights.take``), so at most one group is held while it is written."""
+    import json
+
+    from halo_core.lora.merge_base import saved_names
+    from halo_core.parallel.conversion_save import revert, saved_groups, saved_layout
+    from halo_core.parallel.safetensors_parallel import plan_files
+    from halo_core.parallel.sharded_save import Job, Write
+
+    model = base.model
+    names = saved_names(model)
+    state = model.state_dict()
+    groups = saved_groups(model, names)
+    layout = saved_layout(model, groups, {n: tuple(state[n].shape) for n in names}, base.dtypes)
+    files = plan_files(layout, "model")
+    file_of = {key: f.name for f in files for key in f.tensors}
+    extra = {}
+    if len(files) > 1:
+        index = {"metadata": {"total_size": sum(f.size - len(f.header) for f in files)}, "weight_map": file_of}
+        extra["model.safetensors.index.json"] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+
+    def parts():
+        for group in groups:
+            tensors = {n: weights.take(n) for n in group.names}
+            for key, tensor in revert(group, tensors, model).items():
+                expected = layout[key]
+                if tuple(tensor.shape) != expected[0] or tensor.dtype != expected[1]:
+                    raise RuntimeError(f"{key}: merged {tuple(tensor.shape)} {tensor.dtype}, but the file was laid out for {expected}")
+                yield Write(file_of[key], key, (0,) * tensor.dim(), tensor)
+            del tensors
+
+    return Job(files, parts, extra=extra)
+
+
+def _write_config(model, folder: Path) -> None:
+    """config.json and generation_config.json as ``save_pretrained`` writes them (its empty weights file removed: the
+    job writes the weights)."""
+    from halo_core.trainers.parts.checkpoint import _WEIGHTS
+
+    model.save_pretrained(folder, state_dict={})
+    for path in folder.iterdir():
+        if _WEIGHTS.fullmatch(path.name):
+            path.unlink()
 
 
 def _stored_dtype(adapter_dir: Path):
