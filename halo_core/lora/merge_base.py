@@ -52,6 +52,7 @@ def weights_folder(name: str) -> tuple[Path, list[str], dict | None]:
     from transformers.utils.hub import cached_file, get_checkpoint_shard_files
 
     try:
+        cached_file(name, "config.json")  # raises, naming why, where the id is malformed, unknown, or offline and not cached
         index = cached_file(name, SAFE_WEIGHTS_INDEX_NAME, _raise_exceptions_for_missing_entries=False)
         if index is not None:
             files, metadata = get_checkpoint_shard_files(name, index)
