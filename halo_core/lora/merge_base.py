@@ -84,6 +84,7 @@ def load(name: str, dtype, sequence_classification: bool) -> Base:
     auto = transformers.AutoModelForSequenceClassification if sequence_classification else transformers.AutoModelForCausalLM
     with init_empty_weights(include_buffers=False):
         model = auto.from_config(config, dtype=dtype)
+    model.tie_weights()  # accelerate's meta init registers a new parameter where transformers ties one: tie them again
     if model.can_generate() and hasattr(model, "adjust_generation_fn"):  # the generation config from_pretrained reads
         model.adjust_generation_fn(None, True, False, name, cache_dir=None, force_download=False, proxies=None,
                                    local_files_only=False, token=None, revision=None, subfolder="", trust_remote_code=False)

@@ -161,7 +161,8 @@ class MergedWeights:
                                   f"{self.base.model.config.model_type!r} renames its keys; is it the base this adapter was trained on?")
         shapes = {t: tuple(self.state[t].shape) for t in source.targets if t in self.state}
         try:
-            made, _ = conversion.read(source, self.checkpoint.read, self.base.model, None, shapes)
+            with self.checkpoint.kept_open():
+                made, _ = conversion.read(source, self.checkpoint.read, self.base.model, None, shapes)
         except conversion.MissingTensor as exc:
             raise CheckpointError(f"{self.base.folder} lacks {exc.args[0]} (needed for {name})") from None
         made = {t: v.to(self.base.dtypes[t]) if v.is_floating_point() else v for t, v in made.items() if t in self.state}
