@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,16 +22,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from export_kit import assert_same_checkpoint, reference, tensors
 from launch_kit import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def tensors(folder: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        out.update(load_file(str(file)))
-    return out
 
 
 def make_base(folder: Path, kind: str, dtype: torch.dtype, **config_overrides):
@@ -63,35 +58,6 @@ def make_adapter(model, base: str, folder: Path, adapter_dtype: torch.dtype, **l
             param.data = torch.randn_like(param, dtype=torch.float32).mul_(0.1).to(adapter_dtype)
     peft.peft_config["default"].base_model_name_or_path = base
     peft.save_pretrained(folder)
-
-
-def reference(adapter: Path, out: Path) -> None:
-    """Today's export, the stock path: the whole base through transformers, PEFT's merge_and_unload, save_pretrained."""
-    import transformers
-    from peft import PeftModel
-
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    auto = transformers.AutoModelForSequenceClassification if config.get("task_type") == "SEQ_CLS" else transformers.AutoModelForCausalLM
-    stored = next(iter(load_file(str(adapter / "adapter_model.safetensors")).values())).dtype
-    model = auto.from_pretrained(config["base_model_name_or_path"], dtype=torch.float32 if stored == torch.float32 else "auto")
-    PeftModel.from_pretrained(model, str(adapter)).merge_and_unload().save_pretrained(out)
-
-
-def assert_same_checkpoint(ours: Path, expected: Path) -> None:
-    """Same keys, shapes, dtypes and bits; same config and generation config; our manifest holds the folder."""
-    from halo_core.parallel import manifest
-
-    got, want = tensors(ours), tensors(expected)
-    assert sorted(got) == sorted(want)
-    for key, tensor in want.items():
-        assert got[key].dtype == tensor.dtype and got[key].shape == tensor.shape, key
-        assert torch.equal(got[key], tensor), f"{key} differs from PEFT's merge_and_unload (max {(got[key].float() - tensor.float()).abs().max()})"
-    for name in ("config.json", "generation_config.json"):
-        assert (ours / name).exists() == (expected / name).exists(), name
-        if (expected / name).exists():
-            assert json.loads((ours / name).read_text()) == json.loads((expected / name).read_text()), name
-    assert manifest.check(ours) is not None, "the merged folder carries no manifest"
-    assert not list(ours.parent.glob(f".{ours.name}.*")), "the staging folder was left behind"
 
 
 MOE_TARGETS = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
@@ -153,6 +119,21 @@ def test_the_merge_never_loads_the_whole_base(tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.models.auto.auto_factory._BaseAutoModelClass, "from_pretrained", classmethod(refuse))
     merge(adapter, tmp_path / "ours")
     assert tensors(tmp_path / "ours")
+
+
+def test_a_moved_run_names_its_own_base(tmp_path):
+    """A random-init run's adapter names its base/ by absolute path; moved, the export says where the base is now."""
+    from halo_core.errors import ConfigError
+    from halo_core.lora.merge import merge
+
+    (tmp_path / "old").mkdir()
+    base, _ = build_case(tmp_path / "old", "moe-bf16")
+    (tmp_path / "old").rename(tmp_path / "new")
+    moved = tmp_path / "new" / "adapter"
+    (tmp_path / "new" / "base").rename(moved / "base")
+    with pytest.raises(ConfigError, match=f"{re.escape(str(base))}.*is not a folder; the run's own base is {re.escape(str(moved / 'base'))}") as refused:
+        merge(moved, tmp_path / "ours")
+    assert "\n" not in str(refused.value)
 
 
 #: A Qwen3-MoE of 32 layers (about 300 MB in float32); one layer's fused gate_up_proj, the largest group, is 1/48 of it.
