@@ -104,6 +104,25 @@ def test_the_bounded_merge_writes_what_peft_merge_and_unload_writes(tmp_path, na
         assert "lm_head.weight" not in merged and any(k.endswith("c_attn.bias") for k in changed)
 
 
+def test_a_merge_in_several_files_has_save_pretrained_s_index_and_loads(tmp_path):
+    """Files of at most 200 kB: several, with model.safetensors.index.json naming each tensor's, as transformers reads it."""
+    import transformers
+
+    from halo_core.lora.merge import merge
+
+    _, adapter = build_case(tmp_path, "moe-bf16")
+    merge(adapter, tmp_path / "whole")
+    merge(adapter, tmp_path / "split", max_file_bytes=200_000)
+    files = sorted(p.name for p in (tmp_path / "split").glob("*.safetensors"))
+    index = json.loads((tmp_path / "split" / "model.safetensors.index.json").read_text())
+    assert len(files) > 2 and sorted(set(index["weight_map"].values())) == files
+    whole, split = tensors(tmp_path / "whole"), tensors(tmp_path / "split")
+    assert sorted(index["weight_map"]) == sorted(split) == sorted(whole) and all(torch.equal(split[k], whole[k]) for k in whole)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "split").state_dict()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "whole").state_dict()
+    assert all(torch.equal(loaded[k], reference[k]) for k in reference)
+
+
 def test_the_merge_never_loads_the_whole_base(tmp_path, monkeypatch):
     """No from_pretrained of a model (transformers' whole-model load) anywhere inside the export."""
     import transformers

@@ -6,25 +6,32 @@ The output is what ``PeftModel.from_pretrained(Auto*.from_pretrained(base), adap
 the meta device (``merge_base``), and the saved groups of tensors (``conversion_save``: transformers' own layout on
 disk, one tensor per expert where the model type stores them so) are made one at a time, each from the base tensors
 it needs, read as transformers' conversion mapping says and merged by PEFT's own layers (``merge_stream``), and written
-with Halo's writer (``sharded_save``) before the next is made. Memory: the adapter plus about three times the largest
-group (its base tensors as read, as converted, and as written), never the model.
+with Halo's writer (``sharded_save``) before the next is made. Memory: the adapter plus a few times the largest group
+(its base tensors as read, as converted, PEFT's delta, as written: about five times it, measured), never the model.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from halo_core.errors import ConfigError
 
+if TYPE_CHECKING:
+    from halo_core.lora.merge_base import Base
+    from halo_core.lora.merge_stream import MergedWeights
+    from halo_core.parallel.sharded_save import Job
+
 #: The run's tokenizer files, copied beside the merged weights as they are.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
-def merge(adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """``adapter_dir``'s adapter merged into the base its ``adapter_config.json`` names, written into ``out_dir``."""
+def merge(adapter_dir: str | Path, out_dir: str | Path, *, max_file_bytes: int | None = None) -> Path:
+    """``adapter_dir``'s adapter merged into the base its ``adapter_config.json`` names, written into ``out_dir``
+    (files of at most ``max_file_bytes``, ``save_pretrained``'s default 50 GB, and an index where there are several)."""
     from halo_core.lora import merge_base, peft_format
     from halo_core.lora.merge_stream import MergedWeights, load_adapter
     from halo_core.parallel import manifest
@@ -42,7 +49,7 @@ def merge(adapter_dir: str | Path, out_dir: str | Path) -> Path:
     _check_folder(name, adapter_dir)
     dtype = torch.float32 if _stored_dtype(adapter_dir) == torch.float32 else "auto"
     base = merge_base.load(name, dtype, sequence_classification=config.get("task_type") == "SEQ_CLS")
-    job = merged_job(base, MergedWeights(base, load_adapter(base, adapter_dir)))
+    job = merged_job(base, MergedWeights(base, load_adapter(base, adapter_dir)), max_file_bytes)
     staging = out_dir.parent / f".{out_dir.name}.{STAGING_PREFIX}merge"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -56,27 +63,21 @@ def merge(adapter_dir: str | Path, out_dir: str | Path) -> Path:
     return out_dir
 
 
-def merged_job(base, weights) -> "Job":
+def merged_job(base: Base, weights: MergedWeights, max_file_bytes: int | None = None) -> Job:
     """The merged model's files as ``save_pretrained`` lays them out, and a generator making and yielding each saved
     group's tensors in turn (``weights.take``), so at most one group is held while it is written."""
-    import json
-
     from halo_core.lora.merge_base import saved_names
     from halo_core.parallel.conversion_save import revert, saved_groups, saved_layout
-    from halo_core.parallel.safetensors_parallel import plan_files
-    from halo_core.parallel.sharded_save import Job, Write
+    from halo_core.parallel.safetensors_parallel import MAX_FILE_BYTES, plan_files
+    from halo_core.parallel.sharded_save import Job, Write, index_file
 
     model = base.model
     names = saved_names(model)
     state = model.state_dict()
     groups = saved_groups(model, names)
     layout = saved_layout(model, groups, {n: tuple(state[n].shape) for n in names}, base.dtypes)
-    files = plan_files(layout, "model")
+    files = plan_files(layout, "model", max_file_bytes or MAX_FILE_BYTES)
     file_of = {key: f.name for f in files for key in f.tensors}
-    extra = {}
-    if len(files) > 1:
-        index = {"metadata": {"total_size": sum(f.size - len(f.header) for f in files)}, "weight_map": file_of}
-        extra["model.safetensors.index.json"] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
 
     def parts():
         for group in groups:
@@ -88,7 +89,7 @@ def merged_job(base, weights) -> "Job":
                 yield Write(file_of[key], key, (0,) * tensor.dim(), tensor)
             del tensors
 
-    return Job(files, parts, extra=extra)
+    return Job(files, parts, extra=index_file(files))
 
 
 def _check_folder(name: str, adapter_dir: Path) -> None:
