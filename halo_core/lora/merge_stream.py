@@ -63,8 +63,9 @@ def load_adapter(base: Base, adapter_dir: Path) -> nn.Module:
             for layer in layers:
                 del layer._move_adapter_to_device_of_base_layer
     except (ValueError, RuntimeError, KeyError) as exc:
+        reason = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise ConfigError(f"{adapter_dir}: PEFT cannot load this adapter over its base {base.name} "
-                          f"({type(exc).__name__}: {str(exc).strip().splitlines()[0]})") from None
+                          f"({type(exc).__name__}: {reason[:400]})") from None
     missing = [n for n, p in wrapped.named_parameters() if f".{ADAPTER}." in n and p.device.type == "meta"
                and ".modules_to_save." not in n]
     if missing:
@@ -81,7 +82,7 @@ def units_of(wrapped: nn.Module) -> tuple[dict[str, Unit], dict[str, torch.Tenso
     from peft.utils.other import ModulesToSaveWrapper, TrainableTokensWrapper
 
     config = wrapped.peft_config[ADAPTER]
-    if getattr(config, "peft_type", None) != "LORA" and str(getattr(config, "peft_type", "")) != "PeftType.LORA":
+    if config.peft_type != "LORA":  # PeftType is a str enum
         raise ConfigError(f"halo export --merge merges LoRA adapters; this one is {config.peft_type}")
     if getattr(config, "layer_replication", None):
         raise ConfigError("halo export --merge does not merge an adapter with layer_replication (it changes the model's layers)")
@@ -165,6 +166,10 @@ class MergedWeights:
                 made, _ = conversion.read(source, self.checkpoint.read, self.base.model, None, shapes)
         except conversion.MissingTensor as exc:
             raise CheckpointError(f"{self.base.folder} lacks {exc.args[0]} (needed for {name})") from None
+        except (ValueError, RuntimeError, KeyError, StopIteration) as exc:
+            keys = [k for ks in source.keys.values() for k in ks]
+            raise CheckpointError(f"{name}: transformers' conversion of {keys[:2]}{'...' if len(keys) > 2 else ''} in {self.base.folder} "
+                                  f"failed ({type(exc).__name__}: {exc}); is it a {self.base.model.config.model_type} checkpoint?") from None
         made = {t: v.to(self.base.dtypes[t]) if v.is_floating_point() else v for t, v in made.items() if t in self.state}
         self.read_waiting.update({t: v for t, v in made.items() if t != name})
         return made[name]
