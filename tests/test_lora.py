@@ -160,13 +160,19 @@ def test_a_reference_method_and_a_score_head_method_train_adapters_under_ep2_as_
 
 
 def test_halo_export_merge_writes_a_plain_checkpoint_of_the_trained_run(single, tmp_path):
+    """The trained run's adapter (attention, router, every fused expert) merged tensor by tensor equals stock PEFT's
+    ``merge_and_unload`` over the whole base, saved by transformers: same keys (the experts one tensor each, as the
+    base stores them), dtypes and bits; and it gives PEFT's logits."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from conftest import run_halo
+    from export_kit import assert_same_checkpoint, reference
 
     result = run_halo("export", "--merge", str(single), str(tmp_path / "merged"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
+    reference(single, tmp_path / "peft")
+    assert_same_checkpoint(tmp_path / "merged", tmp_path / "peft")
     ids = torch.tensor([[5, 9, 17, 33, 2, 64, 80, 3]])
     with torch.no_grad():
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)(input_ids=ids).logits

@@ -10,6 +10,7 @@ read for the local experts only and merged as the mapping merges them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,7 @@ class Checkpoint:
                 raise CheckpointError(f"{single} cannot be read ({type(exc).__name__}: {exc}); the file is truncated or damaged") from None
         self.log = log
         self.folder = folder
+        self._open: dict[Path, object] | None = None
         try:
             self.manifest = manifest.read(folder)
         except manifest.ManifestError as exc:
@@ -66,11 +68,30 @@ class Checkpoint:
     def __contains__(self, key: str) -> bool:
         return key in self.files
 
+    @contextlib.contextmanager
+    def kept_open(self):
+        """Each file opened once for the reads inside (a file's header is parsed on every open: thousands of tensors
+        read one open each cost seconds), and closed after, so its mapped pages do not stay resident."""
+        self._open = {}
+        try:
+            yield self
+        finally:
+            handles, self._open = self._open, None
+            for handle in handles.values():
+                handle.__exit__(None, None, None)
+
+    def _handle(self, path: Path):
+        if self._open is None:
+            return safe_open(path, "pt")
+        if path not in self._open:
+            self._open[path] = safe_open(path, "pt").__enter__()
+        return contextlib.nullcontext(self._open[path])
+
     def read(self, key: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
         path = self.files[key]
         parts = (manifest.parts_of(self.manifest, path.relative_to(self.folder).as_posix()) or {}).get(key)
         try:
-            with safe_open(path, "pt") as handle:
+            with self._handle(path) as handle:
                 if parts is None:
                     tensor = handle.get_slice(key)[rows[0] : rows[1]] if rows else handle.get_tensor(key)
                 else:

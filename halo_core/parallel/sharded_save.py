@@ -90,12 +90,7 @@ def model_job(model: nn.Module, state: dict[str, torch.Tensor] | None = None, *,
     file_of = {key: f.name for f in files for key in f.tensors}
     sizes = {g.first: sum(nbytes(shapes[n], dtypes[n]) for n in g.names) for g in groups}
     owner = held.owners(sizes, _world())
-    extra = {}
-    if len(files) > 1:
-        import json
-
-        index = {"metadata": {"total_size": sum(f.size - len(f.header) for f in files)}, "weight_map": file_of}
-        extra["model.safetensors.index.json"] = (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()
+    extra = index_file(files)
 
     def parts() -> Iterator[Write]:
         for group in groups:
@@ -103,6 +98,17 @@ def model_job(model: nn.Module, state: dict[str, torch.Tensor] | None = None, *,
                 yield Write(file_of[key], key, offset, tensor)
 
     return Job(files, parts, extra=extra)
+
+
+def index_file(files: list[FileLayout]) -> dict[str, bytes]:
+    """``model.safetensors.index.json`` as ``save_pretrained`` writes it where the weights span several files."""
+    if len(files) < 2:
+        return {}
+    import json
+
+    index = {"metadata": {"total_size": sum(f.size - len(f.header) for f in files)},
+             "weight_map": {key: f.name for f in files for key in f.tensors}}
+    return {"model.safetensors.index.json": (json.dumps(index, indent=2, sort_keys=True) + "\n").encode()}
 
 
 def _same_layout(model: nn.Module, names: list[str], state: dict) -> bool:
