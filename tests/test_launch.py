@@ -229,7 +229,7 @@ def test_the_dry_run_shows_the_accumulation_that_keeps_the_global_batch(adamw_ru
     code, out, err = dry_run(monkeypatch, capsys, *common, "--per_device_train_batch_size=1")
     assert code == 0 and "gradient_accumulation_steps 1 -> 2" in out and "gradient_accumulation_steps: 2\n" in out, out + err
     code, out, err = dry_run(monkeypatch, capsys, *common, "--per_device_train_batch_size=2")  # keys that keep it already
-    assert code == 0 and "resuming" not in out and "gradient_accumulation_steps" not in out, out + err
+    assert code == 0 and "global batch" not in out and "gradient_accumulation_steps" not in out, out + err
 
 
 def test_a_global_batch_no_accumulation_keeps_is_refused_before_start(adamw_runs, tmp_path, monkeypatch, capsys):
@@ -249,7 +249,7 @@ def test_a_checkpoint_without_its_global_batch_resumes_as_before_saying_so(adamw
     (old / "halo-run.json").unlink()  # as written before Halo recorded it
     code, out, err = dry_run(monkeypatch, capsys, *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=1",
                              f"--output_dir={tmp_path / 'out'}", f"--resume_from_checkpoint={old}")
-    notes = [line for line in out.splitlines() if line.startswith("resuming")]
+    notes = [line for line in out.splitlines() if "global batch" in line]
     assert code == 0 and len(notes) == 1 and "records no global batch (no halo-run.json" in notes[0] and "not checked" in notes[0], out + err
     assert "gradient_accumulation_steps:" not in out  # the printed config: unchanged
 
