@@ -246,7 +246,8 @@ def test_a_global_batch_no_accumulation_keeps_is_refused_before_start(adamw_runs
 def test_a_checkpoint_without_its_global_batch_resumes_as_before_saying_so(adamw_runs, tmp_path, monkeypatch, capsys):
     old = tmp_path / "checkpoint-4"
     shutil.copytree(adamw_runs["ep2"] / "checkpoint-4", old)
-    (old / "halo-run.json").unlink()  # as written before Halo recorded it
+    (old / "halo-run.json").unlink()  # as written before Halo recorded it, and before it wrote a manifest
+    (old / "halo-manifest.json").unlink()
     code, out, err = dry_run(monkeypatch, capsys, *ADAMW, "--expert_parallel_size=1", "--per_device_train_batch_size=1",
                              f"--output_dir={tmp_path / 'out'}", f"--resume_from_checkpoint={old}")
     notes = [line for line in out.splitlines() if "global batch" in line]
