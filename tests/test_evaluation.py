@@ -108,3 +108,30 @@ def test_wrong_eval_keys_are_refused_in_one_line(tmp_path, extra, message):
     with pytest.raises(ConfigError) as refused:
         check_run(load(path=config), 2)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+#: method -> (row kind, extra YAML, logged eval metrics beside eval_loss). Their losses are each row's own: the stock mean
+#: over rows is one process's on every layout where the evaluation set fills every batch (8 rows, 2 a rank, 2 ranks).
+SEQUENCE = {"dpo": ("preference", "", ("eval_rewards/margins", "eval_rewards/accuracies", "eval_rewards/chosen")),
+            "classify": ("labelled", "num_labels: 3\n", ("eval_accuracy",))}
+
+
+@pytest.mark.parametrize("method", sorted(SEQUENCE))
+def test_sequence_methods_report_their_eval_metrics_equal_on_tp2(tmp_path, method):
+    from launch_kit import COMMON, HEAD_COMMON
+
+    kind, extra, keys = SEQUENCE[method]
+    rows = uneven_rows(kind, count=8, seed=3)
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = write_run(tmp_path, kind, extra + "eval_dataset:\n  - path: eval.jsonl\n")
+    common = HEAD_COMMON if method == "classify" else COMMON
+    one = launch(method, config, tmp_path / "one", 1, *EVAL, common=common)
+    tp2 = launch(method, config, tmp_path / "tp2", 2, *EVAL, "--tensor_parallel_size=2", common=common)
+
+    def metrics(out):
+        state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+        return [[e[k] for k in ("eval_loss", *keys)] for e in state["log_history"] if "eval_loss" in e]
+
+    expected = metrics(one)
+    assert len(expected) == STEPS
+    assert metrics(tp2) == [pytest.approx(row, abs=1e-5) for row in expected]

@@ -144,10 +144,12 @@ class DistributedTrainerMixin:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         if self.halo_sequence_loss:
             counted = getattr(self, "_total_train_tokens", None)
-            pooled, _ = self.halo_pool(inputs)
+            pooled, own = self.halo_pool(inputs)
             result = super().compute_loss(model, pooled, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             if counted is not None and model.training and "attention_mask" in inputs:
                 self._halo_count_own_tokens(counted, inputs["attention_mask"].sum())
+            if return_outputs and not model.training:  # evaluation gathers predictions with this rank's own labels
+                return result[0], evaluation.own_rows(result[1], own)
             return result
         split = split_for_shared_sample(inputs, layout_of(self.model), self._halo_pad_token_id())
         result = super().compute_loss(model, split, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)

@@ -6,7 +6,7 @@ of each training source).
 
 transformers' ``evaluation_loop`` logs the mean over rows of each batch's mean loss: a rank's batch of short rows
 weighs as much as a batch of long ones, so the number moves with the per-device batch and the process count. For a
-token-level loss (SFT, distill: not ``halo_sequence_loss``) Halo logs instead every evaluation token's loss over the
+token-level loss (SFTTrainer's) Halo logs instead every evaluation token's loss over the
 whole set divided by their count, computed as the training loss is (the global batch's token count passed as
 ``num_items_in_batch``), whatever the layout. accelerate repeats the first rows to fill the last batch of every rank;
 their labels are masked here, so they count nowhere. A sequence-level loss (preference, reward, classification) is
@@ -123,9 +123,16 @@ def load_best(trainer) -> None:
 
 
 def counts_tokens(trainer) -> bool:
-    """Whether the trainer's evaluation loss is a token-level one Halo recomputes (``TokenLoss``): not a sequence loss,
-    and the model divides by the ``num_items_in_batch`` it is passed (transformers' ``average_tokens_across_devices``)."""
-    return (not trainer.halo_sequence_loss and not trainer.halo_shared_batch and trainer.model_accepts_loss_kwargs
+    """Whether the trainer's evaluation loss is SFTTrainer's token loss, which Halo recomputes (``TokenLoss``): the model
+    divides by the ``num_items_in_batch`` it is passed (transformers' ``average_tokens_across_devices``). Trainers with a
+    loss of their own (GKD's divergence, embeddings' in-batch losses) keep the stock number."""
+    from trl import SFTTrainer
+
+    from halo_core.trainers.mixin import DistributedTrainerMixin
+
+    after = type(trainer).__mro__[type(trainer).__mro__.index(DistributedTrainerMixin) + 1:]
+    owner = next((c for c in after if "compute_loss" in vars(c)), None)
+    return (owner is SFTTrainer and not trainer.halo_sequence_loss and not trainer.halo_shared_batch and trainer.model_accepts_loss_kwargs
             and trainer.args.average_tokens_across_devices and trainer.compute_loss_func is None)
 
 
@@ -152,3 +159,22 @@ def loss(trainer, model, inputs, compute, return_outputs: bool):
     if count is not None:
         tokens.add(result[0] if return_outputs else result, count, trainer)
     return result
+
+
+def own_rows(outputs, own):
+    """A pooled forward's ``logits`` cut to this rank's own rows (``parts.pool``), which its labels describe: the
+    evaluation loop gathers both over the ranks for ``compute_metrics``."""
+    logits = outputs.get("logits") if isinstance(outputs, dict) else None
+    if logits is not None and logits.dim() >= 1 and logits.shape[0] > own.numel():
+        outputs["logits"] = logits.index_select(0, own.to(logits.device))
+    return outputs
+
+
+def accuracy(prediction) -> dict:
+    """``compute_metrics`` of ``classify``: the share of evaluation rows whose highest logit is their label (every row
+    once: transformers' loop drops the repeats that fill the last batch)."""
+    import numpy as np
+
+    logits, labels = prediction.predictions, prediction.label_ids
+    logits = logits[0] if isinstance(logits, tuple) else logits
+    return {"accuracy": float((np.asarray(logits).argmax(-1) == np.asarray(labels)).mean())}
