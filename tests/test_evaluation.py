@@ -80,8 +80,9 @@ def test_the_embedded_sft_default_evaluates_on_held_out_rows():
     config = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-qwen3-moe.yaml"
     run = load_run_config("sft", get_method("sft").config_class, config, {})
     args = method_config(run, 2)
-    assert str(args.eval_strategy.value) == "steps" and args.eval_steps
-    assert len(datasets_for(run, args.seed)[1]) == run.halo.test_split_size
+    assert str(args.eval_strategy.value) == "steps" and args.eval_steps < args.max_steps
+    train, held = datasets_for(run, args.seed)
+    assert len(held) == 64 and not {r[0]["content"] for r in held["prompt"]} & {r[0]["content"] for r in train["prompt"]}
 
 
 def test_an_eval_schedule_without_eval_data_is_refused_before_start(tmp_path):
