@@ -93,21 +93,32 @@ def test_an_eval_schedule_without_eval_data_is_refused_before_start(tmp_path):
     assert len(lines) == 1 and "eval_strategy: steps evaluates, and the run names no evaluation data" in lines[0], result.stderr
 
 
+def dpo_run(config):
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config
+
+    return load_run_config("dpo", get_method("dpo").config_class, config, {})
+
+
 @pytest.mark.parametrize("extra, message", [
     ("eval_on_start: true\n", "eval_on_start: true evaluates, and the run names no evaluation data"),
     ("eval_dataset: [completion.jsonl]\ntest_split_size: 0.1\n", "eval_dataset and test_split_size both name the evaluation set"),
     ("test_split_size: 1.5\n", "test_split_size: 1.5 must be a fraction between 0 and 1 or a row count"),
     ("dataset_test_split: test\n", "dataset_test_split: 'test' names a split of each dataset source"),
     ("eval_dataset: [missing.jsonl]\n", "eval_dataset[0].path 'missing.jsonl' does not exist"),
+    ("eval_dataset: [completion.jsonl]\n", "completion.jsonl' lacks 'chosen', 'rejected', which method 'dpo' needs"),
 ])
 def test_wrong_eval_keys_are_refused_in_one_line(tmp_path, extra, message):
     from halo_core.errors import ConfigError
     from halo_core.trainers.run_checks import check_run
     from test_run_config import load
 
-    config = write_run(tmp_path, "completion", extra)
+    dpo = "'dpo'" in message  # a DPO run over preference rows, its eval set of SFT rows
+    config = write_run(tmp_path, "preference" if dpo else "completion", extra)
+    if dpo:
+        (tmp_path / "completion.jsonl").write_text("".join(json.dumps(r) + "\n" for r in uneven_rows("completion", 4)))
     with pytest.raises(ConfigError) as refused:
-        check_run(load(path=config), 2)
+        check_run(load(path=config) if not dpo else dpo_run(config), 2)
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
