@@ -147,3 +147,24 @@ def test_sequence_methods_report_their_eval_metrics_equal_on_tp2(tmp_path, metho
     expected = metrics(one)
     assert len(expected) == STEPS
     assert metrics(tp2) == [pytest.approx(row, abs=1e-5) for row in expected]
+
+
+def test_grpo_evaluates_its_prompts_with_routing_replay(tmp_path):
+    """GRPOTrainer's evaluation (generation and rewards on the evaluation prompts) with routing replay on: each evaluation
+    batch's loss replays its routes, and the next batch generates on live routes (it failed on the second batch)."""
+    import datasets
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from halo_core.methods.grpo import HaloGRPOConfig, HaloGRPOTrainer
+    from launch_kit import TINY
+
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY), dtype=torch.float32)
+    args = HaloGRPOConfig(output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2, max_steps=1,
+                          save_strategy="no", seed=5, bf16=False, report_to="none", use_cpu=True, num_generations=2,
+                          max_completion_length=6, reward_funcs=["grpo_rewards.token_sum"], router_aux_loss_coef=0.0)
+    assert args.routing_replay
+    rows = datasets.Dataset.from_list(uneven_rows("prompts", count=3, seed=4))
+    trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows, processing_class=AutoTokenizer.from_pretrained(TINY))
+    metrics = trainer.evaluate()
+    assert "eval_reward" in metrics and "eval_completions/mean_length" in metrics, sorted(metrics)
