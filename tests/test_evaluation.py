@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import run_halo
-from launch_kit import STEPS, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
+from launch_kit import STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
 
 EVAL_ROWS = 7  # two ranks of two rows each: the last batch holds one repeat (accelerate's even batches)
 EVAL = ["--eval_strategy=steps", "--eval_steps=1", "--per_device_eval_batch_size=2", "--optim=sgd", "--learning_rate=0.5"]
@@ -168,3 +168,26 @@ def test_grpo_evaluates_its_prompts_with_routing_replay(tmp_path):
     trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows, processing_class=AutoTokenizer.from_pretrained(TINY))
     metrics = trainer.evaluate()
     assert "eval_reward" in metrics and "eval_completions/mean_length" in metrics, sorted(metrics)
+
+
+def test_embed_reports_retrieval_metrics_of_one_process_on_ep2(tmp_path):
+    """``embed`` evaluates with sentence-transformers' ``InformationRetrievalEvaluator`` over the evaluation pairs (each
+    anchor's own positive the one relevant document): every rank encodes the whole set, so EP2 gives one process's."""
+    from launch_kit import HEAD_COMMON, OPTIMIZERS
+    from test_embed import pair_rows
+
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair_rows()))
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair_rows(count=13, seed=4)))
+    config = tmp_path / "run.yaml"
+    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: pairs.jsonl\neval_dataset:\n  - path: eval.jsonl\n")
+    args = [*OPTIMIZERS["sgd"], f"--eval_steps={STEPS}", "--eval_strategy=steps", "--per_device_eval_batch_size=4"]
+    one = launch("embed", config, tmp_path / "one", 1, *args, common=HEAD_COMMON)
+    two = launch("embed", config, tmp_path / "two", 2, *args, *TWO_RANKS["ep2"][1], common=HEAD_COMMON)
+
+    def retrieval(out):
+        state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+        return [{k: v for k, v in e.items() if k.startswith("eval_retrieval_")} for e in state["log_history"] if "eval_loss" in e]
+
+    expected = retrieval(one)
+    assert len(expected) == 1 and "eval_retrieval_cosine_accuracy@1" in expected[0] and "eval_retrieval_cosine_ndcg@10" in expected[0]
+    assert retrieval(two) == [pytest.approx(expected[0], abs=1e-5)]
