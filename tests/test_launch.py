@@ -94,6 +94,7 @@ def test_single_process_run_matches_stock_trl(single_process, tmp_path):
         model=model,
         args=SFTConfig(**{**run.trainer, "use_cpu": True}),
         train_dataset=load_sources(run.halo.dataset),
+        eval_dataset=load_sources(run.halo.eval_dataset),  # the default evaluates (every 120 steps: not in these 4)
         processing_class=AutoTokenizer.from_pretrained(run.halo.model_name_or_path),
     )
     trainer.train()

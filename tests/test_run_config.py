@@ -118,7 +118,7 @@ def test_a_split_the_method_cannot_feed_is_refused(monkeypatch, field, split):
 def test_random_init_needs_a_local_config(tmp_path):
     shutil.copy(TINY, tmp_path / "run.yaml")
     with pytest.raises(ConfigError, match="random_init needs a local model folder"):
-        check_layout(load(["--model_name_or_path=some/hub-id", f"--dataset={TINY}"], path=tmp_path / "run.yaml"), 2)
+        check_layout(load(["--model_name_or_path=some/hub-id", f"--dataset={TINY}", f"--eval_dataset={TINY}"], path=tmp_path / "run.yaml"), 2)
 
 
 def test_cli_refuses_before_starting_anything(tmp_path):

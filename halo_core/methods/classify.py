@@ -48,6 +48,10 @@ class HaloClassifyTrainer(DistributedTrainerMixin, Trainer):
         for key in ("train_dataset", "eval_dataset"):
             if kwargs.get(key) is not None:
                 kwargs[key] = tokenize_text(kwargs[key], tokenizer, config.max_length)
+        if kwargs.get("eval_dataset") is not None and kwargs.get("compute_metrics") is None:
+            from halo_core.trainers.parts.evaluation import accuracy
+
+            kwargs["compute_metrics"] = accuracy  # evaluation reports eval_accuracy beside eval_loss
         super().__init__(*args, **kwargs)
         # The head's loss is a mean over this batch's rows and takes no num_items_in_batch. Left True (the model
         # accepts **kwargs), Trainer would multiply the loss by the world size (average_tokens_across_devices) on top

@@ -63,6 +63,21 @@ def build_loss(model, args: EmbedConfig):
     return loss
 
 
+def retrieval_evaluator(pairs, batch_size: int):
+    """sentence-transformers' ``InformationRetrievalEvaluator`` over evaluation pairs: each anchor (first column) a
+    query whose one relevant document is its own positive (second column), the others' positives the rest of the corpus.
+    Every rank encodes the whole set in the same batches (the experts' exchanges stay in step), so every rank computes
+    the same metrics, one process's."""
+    from sentence_transformers.evaluation import InformationRetrievalEvaluator
+
+    anchor, positive = pairs.column_names[:2]
+    queries = {f"q{i}": text for i, text in enumerate(pairs[anchor])}
+    corpus = {f"d{i}": text for i, text in enumerate(pairs[positive])}
+    relevant = {f"q{i}": {f"d{i}"} for i in range(len(pairs))}
+    return InformationRetrievalEvaluator(queries, corpus, relevant, name="retrieval", batch_size=batch_size, show_progress_bar=False,
+                                         accuracy_at_k=[1, 5], precision_recall_at_k=[1, 5], mrr_at_k=[10], ndcg_at_k=[10], map_at_k=[10])
+
+
 class HaloEmbedTrainer(DistributedTrainerMixin, SentenceTransformerTrainer):
     """sentence-transformers' trainer on a Halo layout, over a ``SentenceTransformer`` around the laid-out model."""
 
@@ -79,6 +94,8 @@ class HaloEmbedTrainer(DistributedTrainerMixin, SentenceTransformerTrainer):
         wrap(model, inner)
         kwargs["model"] = model
         kwargs.setdefault("loss", build_loss(model, config))
+        if kwargs.get("eval_dataset") is not None and kwargs.get("evaluator") is None:
+            kwargs["evaluator"] = retrieval_evaluator(kwargs["eval_dataset"], config.per_device_eval_batch_size)
         super().__init__(*args, **kwargs)
 
     def training_step(self, model, inputs, num_items_in_batch=None):

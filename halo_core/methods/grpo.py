@@ -199,12 +199,17 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
                 try:
                     with torch.no_grad():
                         self._get_per_token_logps_and_entropies(self.model, ids, mask, output["completion_ids"].size(1),
-                                                                batch_size=self.args.per_device_train_batch_size)
+                                                                batch_size=self._halo_pass_rows())
                 finally:
                     self._halo_scoring = False
             for call, rows in enumerate(self._halo_recorded):
                 output[f"{_ROUTES}{call}"] = rows
         return output
+
+    def _halo_pass_rows(self) -> int:
+        """Rows per forward of the recording pass: the loss pass's, TRL's per-device batch of the mode (an evaluation's
+        is ``per_device_eval_batch_size``), so each recorded call fits the call that replays it."""
+        return self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
 
     def _pool_over_tp(self, rows: list[dict]) -> tuple[list[dict], int]:
         """A TP group's prompt rows joined in rank order, on every rank of the group: TP ranks run one forward together,
@@ -240,6 +245,12 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         try:
             return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._halo_replay_on.close()
+
+    def prediction_step(self, *args, **kwargs):
+        try:  # an evaluation batch has no backward: its replay ends with its loss, before the next batch generates
+            return super().prediction_step(*args, **kwargs)
         finally:
             self._halo_replay_on.close()
 

@@ -26,6 +26,14 @@ class HaloArguments:
 
     model_name_or_path: str
     dataset: list[DatasetSource]
+    #: Evaluation data, in the same form as ``dataset`` (``parts/evaluation.py``).
+    eval_dataset: list[DatasetSource] = field(default_factory=list)
+    #: TRL's ``DatasetMixtureConfig.test_split_size``: a fraction (0 to 1) or a row count of the training sources held
+    #: out as the evaluation set, drawn with the run's ``seed``.
+    test_split_size: int | float | None = None
+    #: TRL's ``ScriptArguments.dataset_test_split``: evaluate on this split of each ``dataset`` source (a hub dataset or
+    #: a saved ``DatasetDict`` folder).
+    dataset_test_split: str | None = None
     #: Start from the config's random initialisation instead of weights (the folder then needs only config.json).
     random_init: bool = False
     expert_parallel_size: int = 1

@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, global_batch, nan_filter, nonfinite
+from halo_core.trainers.parts import checkpoint, evaluation, global_batch, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -124,21 +124,32 @@ class DistributedTrainerMixin:
         return nan_filter.filtered(self, loss, self._halo_nan_filter or self._halo_steps.skipping)
 
     def evaluation_loop(self, *args, **kwargs):
+        prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
         with nan_filter.users_flag(self.args, self._halo_nan_filter):
-            return super().evaluation_loop(*args, **kwargs)
+            return evaluation.loop(self, lambda: super(DistributedTrainerMixin, self).evaluation_loop(*args, **kwargs), prefix)
+
+    def _load_best_model(self):
+        evaluation.load_best(self)  # Halo's checkpoints: each rank reads its own shards
 
     # -- context and tensor parallelism ------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not model.training and getattr(self, "_halo_eval_tokens", None) is not None and num_items_in_batch is None:
+            return evaluation.loss(self, model, inputs, lambda i, n: self._halo_compute_loss(model, i, return_outputs, n), return_outputs)
+        return self._halo_compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _halo_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         shared_by = sharing(self.model)
         if shared_by == 1 or self.halo_shared_batch:
             return super().compute_loss(model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
         if self.halo_sequence_loss:
             counted = getattr(self, "_total_train_tokens", None)
-            pooled, _ = self.halo_pool(inputs)
+            pooled, own = self.halo_pool(inputs)
             result = super().compute_loss(model, pooled, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
             if counted is not None and model.training and "attention_mask" in inputs:
                 self._halo_count_own_tokens(counted, inputs["attention_mask"].sum())
+            if return_outputs and not model.training:  # evaluation gathers predictions with this rank's own labels
+                return result[0], evaluation.own_rows(result[1], own)
             return result
         split = split_for_shared_sample(inputs, layout_of(self.model), self._halo_pad_token_id())
         result = super().compute_loss(model, split, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)

@@ -71,6 +71,9 @@ def check_run(run: RunConfig, world: int = 1) -> None:
     check_ranges(run, args)
     method = get_method(run.method)
     check_columns(run, method.columns)
+    from halo_core.trainers.parts.eval_checks import check_eval
+
+    check_eval(run, args, method.columns)
     check_step_keys(run, args)
     check_attn_implementation(run, args)
     if method.check is not None:

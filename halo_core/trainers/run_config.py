@@ -50,6 +50,7 @@ class RunConfig:
     def from_json(cls, data: dict) -> "RunConfig":
         halo = dict(data["halo"])
         halo["dataset"] = [DatasetSource(**d) for d in halo["dataset"]]
+        halo["eval_dataset"] = [DatasetSource(**d) for d in halo.get("eval_dataset", [])]
         return cls(data["method"], HaloArguments(**halo), data["trainer"], data["source"], data.get("peft", {}))
 
 
@@ -92,25 +93,25 @@ def _check_value(key: str, value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def _datasets(raw: Any, base: Path, where: str) -> list[DatasetSource]:
+def _datasets(raw: Any, base: Path, where: str, field: str = "dataset") -> list[DatasetSource]:
     if isinstance(raw, (str, dict)):
         raw = [raw]
     if not isinstance(raw, list) or not raw:
-        raise ConfigError(f"{where}: dataset must be a non-empty list of sources, each with a 'path'")
+        raise ConfigError(f"{where}: {field} must be a non-empty list of sources, each with a 'path'")
     hints = _type_hints(DatasetSource)
     sources = []
     for index, entry in enumerate(raw):
         entry = {"path": entry} if isinstance(entry, str) else entry
         if not isinstance(entry, dict) or "path" not in entry:
-            raise ConfigError(f"{where}: dataset[{index}] needs a 'path' (a .jsonl/.json/.parquet file, a saved folder or a hub id)")
+            raise ConfigError(f"{where}: {field}[{index}] needs a 'path' (a .jsonl/.json/.parquet file, a saved folder or a hub id)")
         for key, value in entry.items():
-            _check_key(key, set(hints), f"{where}: dataset[{index}]")
-            entry[key] = _check_value(f"dataset[{index}].{key}", value, hints[key], where)
+            _check_key(key, set(hints), f"{where}: {field}[{index}]")
+            entry[key] = _check_value(f"{field}[{index}].{key}", value, hints[key], where)
         local = base / entry["path"]
         if local.exists():
             entry = {**entry, "path": str(local.resolve())}
         elif Path(entry["path"]).suffix in {".jsonl", ".json", ".parquet"} or entry["path"].startswith((".", "/")):
-            raise ConfigError(f"{where}: dataset[{index}].path {entry['path']!r} does not exist (looked in {base} and the current folder)")
+            raise ConfigError(f"{where}: {field}[{index}].path {entry['path']!r} does not exist (looked in {base} and the current folder)")
         sources.append(DatasetSource(**entry))
     return sources
 
@@ -144,8 +145,10 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
 
     halo_fields = {k: v for k, v in merged.items() if k in halo_hints}
     halo_fields["dataset"] = _datasets(halo_fields["dataset"], path.parent, where)
+    if "eval_dataset" in halo_fields:
+        halo_fields["eval_dataset"] = _datasets(halo_fields["eval_dataset"], path.parent, where, "eval_dataset")
     for key, value in halo_fields.items():
-        if key != "dataset":
+        if key not in ("dataset", "eval_dataset"):
             halo_fields[key] = _check_value(key, value, halo_hints[key], where)
     for key in _PATH_FIELDS:
         local = path.parent / halo_fields[key]

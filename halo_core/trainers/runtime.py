@@ -116,13 +116,12 @@ def train(run, trainer_class, config_class, *, reference=None, num_labels=None, 
 
 
 def _train(run, trainer_class, config_class, watch, *, reference, num_labels, frozen, **trainer_kwargs):
-    from halo_core.trainers.parts.data import load_sources
-
+    from halo_core.trainers.parts.evaluation import datasets_for
     from halo_core.trainers.parts.processor import build_processing_class
 
     args = method_args(config_class, run.trainer)
     parallel = run.halo.parallel_config()
-    dataset = load_sources(run.halo.dataset)
+    dataset, eval_dataset = datasets_for(run, args.seed)
     processing_class = build_processing_class(run.halo.model_name_or_path, dataset)  # a processor for image rows (SFT)
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     labels = num_labels(args) if num_labels is not None else None
@@ -136,6 +135,7 @@ def _train(run, trainer_class, config_class, watch, *, reference, num_labels, fr
         model=model,
         args=args,
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         processing_class=processing_class,
         parallel_config=parallel,
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,

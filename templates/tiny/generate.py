@@ -141,6 +141,17 @@ def pairs(seed: int = 6, count: int = 2000) -> list[dict]:
     return rows
 
 
+def held_out(count: int = 64, seed: int = 1) -> list[dict]:
+    """The SFT default's evaluation set: sums of the same kind that the training rows do not pose."""
+    seen = {r["prompt"][0]["content"] for r in examples()}
+    rows = []
+    for row in examples(seed):
+        if row["prompt"][0]["content"] not in seen and len(rows) < count:
+            seen.add(row["prompt"][0]["content"])
+            rows.append(row)
+    return rows
+
+
 def _write(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
@@ -153,6 +164,7 @@ def main() -> None:
     data = HERE / "data"
     data.mkdir(exist_ok=True)
     _write(data / "arithmetic.jsonl", rows)
+    _write(data / "arithmetic-eval.jsonl", held_out())
     _write(data / "preference.jsonl", preferences())
     _write(data / "unpaired.jsonl", unpaired())
     _write(data / "labelled.jsonl", labelled())
