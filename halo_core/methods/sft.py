@@ -46,5 +46,11 @@ def run(run: RunConfig) -> None:
     train(run, HaloSFTTrainer, SFTConfig)
 
 
+def check(run: RunConfig, args, world: int = 1) -> None:
+    from halo_core.methods import sft_data
+
+    sft_data.check(run, args, world)
+
+
 METHOD = Method(name="sft", config_class=SFTConfig, run=run, trainer=HaloSFTTrainer, splits=frozenset({"ep", "cp", "tp", "etp"}),
-                images=True)
+                images=True, check=check)

@@ -122,7 +122,10 @@ def _train(run, trainer_class, config_class, watch, *, reference, num_labels, fr
 
     args = method_args(config_class, run.trainer)
     parallel = run.halo.parallel_config()
-    dataset = load_sources(run.halo.dataset)
+    from halo_core.trainers.parts.mixture import prepare_args, seed_of
+
+    dataset = load_sources(run.halo.dataset, seed_of(args), run.halo.dataset_stopping_strategy)
+    prepare_args(args, dataset)
     processing_class = build_processing_class(run.halo.model_name_or_path, dataset)  # a processor for image rows (SFT)
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     labels = num_labels(args) if num_labels is not None else None

@@ -1,0 +1,41 @@
+"""SFT's refusal of rows in none of TRL's formats, before start: otherwise every rank ends in a long ``KeyError: 'text'``
+from TRL's tokenisation (the preference methods refuse through their fixed ``columns``; SFT's depend on a key)."""
+
+from __future__ import annotations
+
+from halo_core.errors import ConfigError
+
+#: Columns TRL's SFTTrainer reads besides ``dataset_text_field`` (``messages``, a prompt-completion pair, tokenised rows).
+FORMATS = (("messages",), ("prompt", "completion"), ("input_ids",))
+
+
+def fits(columns: set[str], text_field: str) -> bool:
+    return text_field in columns or any(all(c in columns for c in form) for form in FORMATS)
+
+
+def rename_hint(columns: list[str], text_field: str) -> str:
+    """The ``rename_columns`` a user likely means: two columns as prompt and completion, one as the text."""
+    from halo_core.trainers.parts.processor import IMAGE_COLUMNS
+
+    plain = [c for c in columns if c not in IMAGE_COLUMNS]
+    if len(plain) == 1:
+        return f"rename_columns: {{{plain[0]}: {text_field}}}"
+    if len(plain) >= 2:
+        return f"rename_columns: {{{plain[0]}: prompt, {plain[1]}: completion}}"
+    return f"rename_columns: {{OLD: {text_field}}}"
+
+
+def check(run, args, world: int = 1) -> None:
+    from halo_core.trainers.parts.data import local_columns
+
+    text_field = getattr(args, "dataset_text_field", "text")
+    for index, source in enumerate(run.halo.dataset):
+        columns = local_columns(source)
+        if columns is None or fits(columns, text_field):
+            continue  # a hub dataset is read by the worker
+        found = sorted(columns)
+        raise ConfigError(
+            f"{run.source}: dataset[{index}] {source.path!r} has columns {found}, which fit none of sft's formats "
+            f"('{text_field}' (dataset_text_field), 'messages', or 'prompt' and 'completion'); "
+            f"rename them with the source's {rename_hint(found, text_field)}, or set dataset_text_field"
+        )
