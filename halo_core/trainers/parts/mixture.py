@@ -44,9 +44,10 @@ def seed_of(args) -> int:
 
 
 def prepare_args(args, dataset) -> None:
-    """A streamed dataset is read by every rank and cut by accelerate's ``IterableDatasetShard`` (rank r takes the r-th
-    per-device batch of each global batch, as the map-style sampler deals them), not read on rank 0 and broadcast
-    (accelerate's default for iterable data, which concatenates the ranks' differently padded batches)."""
+    """A streamed dataset is read by every rank and cut by accelerate's ``IterableDatasetShard`` (rank r keeps the r-th
+    per-device batch of each global batch, as the map-style sampler deals them), rather than read whole on rank 0 and
+    broadcast batch by batch (accelerate's default for iterable data, which also trains alike): no rank waits on one
+    reader, and each rank pads only its own rows."""
     import datasets
 
     if isinstance(dataset, datasets.IterableDataset):
