@@ -85,6 +85,8 @@ def test_trls_mixture_yaml_is_read_unchanged(tmp_path):
     assert run.halo.dataset[0].columns == ["text"] and run.halo.dataset[0].fraction == 1.0
     streamed = _config(tmp_path, "datasets:\n  - path: d.jsonl\n  - path: d.jsonl\nstreaming: true\nmax_steps: 3\n")
     assert [s.streaming for s in streamed.halo.dataset] == [True, True]
+    hub = _config(tmp_path, "dataset_name: trl-lib/tldr\ndataset_config: default\ndataset_train_split: validation\n")
+    assert [(s.path, s.name, s.split, s.streaming) for s in hub.halo.dataset] == [("trl-lib/tldr", "default", "validation", False)]
 
 
 @pytest.mark.parametrize("body, method, says", [

@@ -16,8 +16,14 @@ STREAMING_METHODS = ("sft",)
 
 
 def trl_mixture(merged: dict[str, Any], where: str) -> dict[str, Any]:
-    """``datasets:`` (TRL's name) as ``dataset:``; a top-level ``streaming:`` (TRL's, for the whole mixture) on every source."""
+    """``datasets:`` (TRL's name) as ``dataset:``; a top-level ``streaming:`` (TRL's, for the whole mixture) on every source;
+    TRL's ``dataset_name``/``dataset_config``/``dataset_train_split``/``dataset_streaming`` as one source."""
     merged = dict(merged)
+    if "dataset_name" in merged:  # TRL's ScriptArguments: one hub dataset (dataset_test_split: the evaluation keys')
+        if "dataset" in merged or "datasets" in merged:
+            raise ConfigError(f"{where}: dataset_name and dataset/datasets are both set; keep one (dataset_name is TRL's one-source form)")
+        merged["dataset"] = [{"path": merged.pop("dataset_name"), "name": merged.pop("dataset_config", None),
+                              "split": merged.pop("dataset_train_split", "train"), "streaming": merged.pop("dataset_streaming", False)}]
     if "datasets" in merged:
         if "dataset" in merged:
             raise ConfigError(f"{where}: both dataset and datasets are set; keep one (datasets is TRL's name for the same list of sources)")
