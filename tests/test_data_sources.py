@@ -2,6 +2,7 @@
 (their layout equivalence is test_data_mixture's launched runs)."""
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -106,3 +107,20 @@ def test_a_mixture_halo_cannot_read_is_refused_in_one_line(tmp_path, body, metho
     with pytest.raises(ConfigError) as caught:
         _config(tmp_path, body, method, DPOConfig if method == "dpo" else SFTConfig)
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_sft_names_the_rename_its_columns_need_and_refuses_streamed_images(tmp_path):
+    from types import SimpleNamespace
+
+    from halo_core.methods import sft_data
+
+    colours = str(Path(__file__).resolve().parents[1] / "templates" / "tiny" / "data" / "colours.jsonl")
+    (tmp_path / "one.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True)
+    cases = [(DatasetSource(str(tmp_path / "one.jsonl")), "rename_columns: {body: text}"),
+             (DatasetSource(colours, streaming=True), "has images, which a streamed source does not decode yet")]
+    for source, says in cases:
+        with pytest.raises(ConfigError) as caught:
+            sft_data.check(SimpleNamespace(source="run.yaml", halo=SimpleNamespace(dataset=[source])), args)
+        assert says in str(caught.value) and "\n" not in str(caught.value)
+    sft_data.check(SimpleNamespace(source="run.yaml", halo=SimpleNamespace(dataset=[DatasetSource(colours)])), args)  # conversations fit

@@ -27,10 +27,14 @@ def rename_hint(columns: list[str], text_field: str) -> str:
 
 def check(run, args, world: int = 1) -> None:
     from halo_core.trainers.parts.data import local_columns
+    from halo_core.trainers.parts.processor import IMAGE_COLUMNS
 
     text_field = getattr(args, "dataset_text_field", "text")
     for index, source in enumerate(run.halo.dataset):
         columns = local_columns(source)
+        if columns is not None and source.streaming and any(c in columns for c in IMAGE_COLUMNS):
+            raise ConfigError(f"{run.source}: dataset[{index}] {source.path!r} has images, which a streamed source does not decode yet; "
+                              f"set streaming: false for it")
         if columns is None or fits(columns, text_field):
             continue  # a hub dataset is read by the worker
         found = sorted(columns)
