@@ -116,8 +116,11 @@ def test_sft_names_the_rename_its_columns_need_and_refuses_streamed_images(tmp_p
 
     colours = str(Path(__file__).resolve().parents[1] / "templates" / "tiny" / "data" / "colours.jsonl")
     (tmp_path / "one.jsonl").write_text(json.dumps({"body": "x"}) + "\n")
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"Question": "x", "Answer": "y", "id": 1}) + "\n")
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True)
     cases = [(DatasetSource(str(tmp_path / "one.jsonl")), "rename_columns: {body: text}"),
+             (DatasetSource(str(tmp_path / "qa.jsonl")), "rename_columns: {Question: prompt, Answer: completion}"),
+             (DatasetSource(str(tmp_path / "qa.jsonl"), columns=["id", "Answer"]), "rename_columns: {PROMPT_COLUMN: prompt"),
              (DatasetSource(colours, streaming=True), "has images, which a streamed source does not decode yet")]
     for source, says in cases:
         with pytest.raises(ConfigError) as caught:

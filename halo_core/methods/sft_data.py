@@ -13,16 +13,24 @@ def fits(columns: set[str], text_field: str) -> bool:
     return text_field in columns or any(all(c in columns for c in form) for form in FORMATS)
 
 
+#: Column names that usually hold a prompt or its answer, in the order tried.
+PROMPTS = ("question", "query", "instruction", "input", "q", "problem", "context")
+ANSWERS = ("answer", "response", "output", "a", "solution", "target", "chosen")
+
+
 def rename_hint(columns: list[str], text_field: str) -> str:
-    """The ``rename_columns`` a user likely means: two columns as prompt and completion, one as the text."""
+    """The ``rename_columns`` a user likely means: a question-like and an answer-like column as prompt and completion,
+    a single column as the text; else the form to fill in."""
     from halo_core.trainers.parts.processor import IMAGE_COLUMNS
 
+    prompt = next((c for name in PROMPTS for c in columns if c.lower() == name), None)
+    answer = next((c for name in ANSWERS for c in columns if c.lower() == name), None)
+    if prompt and answer:
+        return f"rename_columns: {{{prompt}: prompt, {answer}: completion}}"
     plain = [c for c in columns if c not in IMAGE_COLUMNS]
     if len(plain) == 1:
         return f"rename_columns: {{{plain[0]}: {text_field}}}"
-    if len(plain) >= 2:
-        return f"rename_columns: {{{plain[0]}: prompt, {plain[1]}: completion}}"
-    return f"rename_columns: {{OLD: {text_field}}}"
+    return f"rename_columns: {{PROMPT_COLUMN: prompt, COMPLETION_COLUMN: completion}} (or {{TEXT_COLUMN: {text_field}}})"
 
 
 def check(run, args, world: int = 1) -> None:
