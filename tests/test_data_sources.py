@@ -86,6 +86,8 @@ def test_trls_mixture_yaml_is_read_unchanged(tmp_path):
     assert run.halo.dataset[0].columns == ["text"] and run.halo.dataset[0].fraction == 1.0
     streamed = _config(tmp_path, "datasets:\n  - path: d.jsonl\n  - path: d.jsonl\nstreaming: true\nmax_steps: 3\n")
     assert [s.streaming for s in streamed.halo.dataset] == [True, True]
+    builder = _config(tmp_path, "datasets:\n  - {path: json, data_files: d.jsonl}\n")
+    assert builder.halo.dataset[0].data_files == str(tmp_path / "d.jsonl")  # read from the YAML's folder, as path is
     hub = _config(tmp_path, "dataset_name: trl-lib/tldr\ndataset_config: default\ndataset_train_split: validation\n")
     assert [(s.path, s.name, s.split, s.streaming) for s in hub.halo.dataset] == [("trl-lib/tldr", "default", "validation", False)]
 
@@ -119,6 +121,7 @@ def test_sft_names_the_rename_its_columns_need_and_refuses_streamed_images(tmp_p
     (tmp_path / "qa.jsonl").write_text(json.dumps({"Question": "x", "Answer": "y", "id": 1}) + "\n")
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True)
     cases = [(DatasetSource(str(tmp_path / "one.jsonl")), "rename_columns: {body: text}"),
+             (DatasetSource("json", data_files=str(tmp_path / "one.jsonl")), "rename_columns: {body: text}"),
              (DatasetSource(str(tmp_path / "qa.jsonl")), "rename_columns: {Question: prompt, Answer: completion}"),
              (DatasetSource(str(tmp_path / "qa.jsonl"), columns=["id", "Answer"]), "rename_columns: {PROMPT_COLUMN: prompt"),
              (DatasetSource(colours, streaming=True), "has images, which a streamed source does not decode yet")]

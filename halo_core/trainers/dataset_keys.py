@@ -79,3 +79,16 @@ def check_mixture(sources: list, method: str, trainer: dict[str, Any], stopping_
     if not isinstance(trainer.get("max_steps"), int) or trainer["max_steps"] < 1:
         raise ConfigError(f"{where}: a streamed dataset has no length, so the run needs max_steps (a positive number of steps), "
                           f"got {trainer.get('max_steps', -1)!r}; set max_steps")
+
+
+def resolve_data_files(entry: dict[str, Any], base) -> dict[str, Any]:
+    """``data_files`` read relative to the YAML file's folder where they exist there, as ``path`` is."""
+    def resolve(name):
+        return str((base / name).resolve()) if isinstance(name, str) and (base / name).exists() else name
+
+    files = entry.get("data_files")
+    if isinstance(files, dict):
+        return {**entry, "data_files": {k: resolve(v) for k, v in files.items()}}
+    if isinstance(files, list):
+        return {**entry, "data_files": [resolve(f) for f in files]}
+    return {**entry, "data_files": resolve(files)} if files is not None else entry

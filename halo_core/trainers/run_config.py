@@ -107,6 +107,7 @@ def _datasets(raw: Any, base: Path, where: str) -> list[DatasetSource]:
         for key, value in entry.items():
             _check_key(key, set(hints), f"{where}: dataset[{index}]")
             entry[key] = _check_value(f"dataset[{index}].{key}", value, hints[key], where)
+        entry = dataset_keys.resolve_data_files(entry, base)
         local = base / entry["path"]
         if local.exists():
             entry = {**entry, "path": str(local.resolve())}

@@ -61,12 +61,20 @@ def images_from_paths(loaded, folder: Path):
     return loaded
 
 
+def local_file(source: DatasetSource) -> Path:
+    """The file a source reads: its ``path``, or TRL's builder form's one local file (``path: json, data_files: x.jsonl``)."""
+    files = source.data_files
+    if source.path in ("json", "parquet") and isinstance(files, str) and Path(files).is_file():
+        return Path(files)
+    return Path(source.path)
+
+
 def first_rows(source: DatasetSource, count: int | None = 64) -> list[dict] | None:
     """The first rows of a local ``.jsonl`` source (every row with ``count=None``), read without ``datasets`` (for checks
     before start); else ``None``."""
     import json
 
-    path = Path(source.path)
+    path = local_file(source)
     if path.suffix != ".jsonl" or not path.is_file():
         return None
     rows = []
@@ -82,7 +90,7 @@ def first_rows(source: DatasetSource, count: int | None = 64) -> list[dict] | No
 
 def local_columns(source: DatasetSource) -> set[str] | None:
     """The column names of a local source after its renames, read cheaply; ``None`` for a hub dataset."""
-    path = Path(source.path)
+    path = local_file(source)
     if path.suffix == ".jsonl" and path.is_file():
         rows = first_rows(source, 1)
         return set(rows[0]) if rows else set()
