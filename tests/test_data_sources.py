@@ -130,3 +130,15 @@ def test_sft_names_the_rename_its_columns_need_and_refuses_streamed_images(tmp_p
             sft_data.check(SimpleNamespace(source="run.yaml", halo=SimpleNamespace(dataset=[source])), args)
         assert says in str(caught.value) and "\n" not in str(caught.value)
     sft_data.check(SimpleNamespace(source="run.yaml", halo=SimpleNamespace(dataset=[DatasetSource(colours)])), args)  # conversations fit
+
+
+def test_the_worker_stops_in_one_line_on_loaded_sft_data_in_no_format(files):
+    """A source not read before start (TRL's builder form over several files, a hub dataset) gets the same line in the worker."""
+    from halo_core.methods import sft_data
+    from halo_core.trainers.parts.stopping import RunStopped
+
+    loaded = load_sources([DatasetSource("json", data_files=[str(files / "d.jsonl")])])
+    with pytest.raises(RunStopped) as caught:
+        sft_data.check_loaded(loaded, "text")
+    assert "columns ['answer', 'question']" in str(caught.value) and "rename_columns: {question: prompt, answer: completion}" in str(caught.value)
+    sft_data.check_loaded(load_sources([DatasetSource(str(files / "big.jsonl"))]), "text")

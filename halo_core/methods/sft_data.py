@@ -51,3 +51,17 @@ def check(run, args, world: int = 1) -> None:
             f"('{text_field}' (dataset_text_field), 'messages', or 'prompt' and 'completion'); "
             f"rename them with the source's {rename_hint(found, text_field)}, or set dataset_text_field"
         )
+
+
+def check_loaded(dataset, text_field: str, where: str = "the training data") -> None:
+    """The same verdict in the worker for a source not read before start (a hub dataset, a builder's several files): every
+    rank loaded the same rows, so every rank stops together with this one line (``RunStopped``), before TRL's tokenisation."""
+    from halo_core.trainers.parts.stopping import RunStopped
+
+    columns = getattr(dataset, "column_names", None)
+    if not columns or fits(set(columns), text_field):
+        return  # a stream that does not know its columns: TRL reads its first row
+    found = sorted(columns)
+    raise RunStopped(f"{where} has columns {found}, which fit none of sft's formats ('{text_field}' (dataset_text_field), "
+                     f"'messages', or 'prompt' and 'completion'); rename them with the source's {rename_hint(found, text_field)}, "
+                     f"or set dataset_text_field")
