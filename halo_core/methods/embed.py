@@ -160,12 +160,12 @@ def check(run: RunConfig, args, world: int = 1) -> None:
                 raise ConfigError(
                     f"{where}: dataset {source.path!r} row {index + 1} has {', '.join(repr(c) for c in extra)} beside the columns "
                     f"loss {args.loss} reads ({', '.join(wanted)}); sentence-transformers would feed it to the loss as another "
-                    f"text: drop it from the data (or rename it with the source's columns: mapping)")
+                    f"text: drop it from the data (or rename it with the source's rename_columns: mapping)")
             if missing:
                 raise ConfigError(
                     f"{where}: dataset {source.path!r} row {index + 1} lacks {', '.join(repr(c) for c in missing)} (has "
                     f"{', '.join(repr(c) for c in row)}); loss {args.loss} reads columns ({', '.join(wanted)}): rename them with the "
-                    f"source's columns: mapping, or pick a loss for these columns")
+                    f"source's rename_columns: mapping, or pick a loss for these columns")
     if args.matryoshka_dims:
         config = _model_config(run)
         hidden = config.get_text_config().hidden_size if config is not None else None

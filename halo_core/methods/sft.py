@@ -17,6 +17,10 @@ class HaloSFTTrainer(DistributedTrainerMixin, SFTTrainer):
     ``DataCollatorForVisionLanguageModeling``), the pixels and grids passed to the model as the collator makes them."""
 
     def __init__(self, *args, **kwargs):
+        from halo_core.methods import sft_data
+
+        if kwargs.get("train_dataset") is not None and kwargs.get("args") is not None:
+            sft_data.check_loaded(kwargs["train_dataset"], kwargs["args"].dataset_text_field)
         super().__init__(*args, **kwargs)
         # transformers' vision-language classes declare accepts_loss_kwargs = False (their own loss reads no token
         # count), so the Trainer counts no tokens and stock TRL divides each micro-batch by its own: the loss then
@@ -46,5 +50,11 @@ def run(run: RunConfig) -> None:
     train(run, HaloSFTTrainer, SFTConfig)
 
 
+def check(run: RunConfig, args, world: int = 1) -> None:
+    from halo_core.methods import sft_data
+
+    sft_data.check(run, args, world)
+
+
 METHOD = Method(name="sft", config_class=SFTConfig, run=run, trainer=HaloSFTTrainer, splits=frozenset({"ep", "cp", "tp", "etp"}),
-                images=True)
+                images=True, check=check)

@@ -9,15 +9,28 @@ from halo_core.parallel.config import ParallelConfig
 
 @dataclass
 class DatasetSource:
-    """One source of training data."""
+    """One source of training data; the keys of TRL's ``DatasetConfig`` (``trl/scripts/utils.py``) in its meaning, plus
+    ``rename_columns`` and ``weight`` (``parts/mixture.py`` mixes the sources)."""
 
-    #: A local ``.jsonl``/``.json``/``.parquet`` file, a folder saved by ``datasets``, or a hub id.
+    #: A local ``.jsonl``/``.json``/``.parquet`` file, a folder saved by ``datasets``, or a hub id (or a builder such as
+    #: ``json`` with ``data_files``).
     path: str
     split: str = "train"
     #: Hub dataset configuration name.
     name: str | None = None
-    #: Rename columns to what the method expects, e.g. ``{question: prompt, answer: completion}``.
-    columns: dict[str, str] = field(default_factory=dict)
+    #: ``datasets.load_dataset``'s ``data_dir`` and ``data_files``, as TRL passes them.
+    data_dir: str | None = None
+    data_files: str | list[str] | dict[str, str] | None = None
+    #: TRL's meaning: the columns to keep (``select_columns``), before ``rename_columns``; empty keeps all.
+    columns: list[str] | None = None
+    #: Rename columns to what the method expects (``datasets.Dataset.rename_columns``), e.g. ``{question: prompt, answer: completion}``.
+    rename_columns: dict[str, str] = field(default_factory=dict)
+    #: TRL's meaning: this source's share of the mixture, its first rows kept so that no source is oversampled (all or none).
+    fraction: float | None = None
+    #: Sample the sources in proportion to their weights, seeded (``datasets.interleave_datasets``; all or none).
+    weight: float | None = None
+    #: Read the rows as training goes (``datasets``' streaming), for sources larger than memory or disk.
+    streaming: bool = False
 
 
 @dataclass
@@ -84,6 +97,10 @@ class HaloArguments:
     #: Start afresh into an ``output_dir`` that holds checkpoints or a model (refused otherwise: it would overwrite
     #: them); transformers 4's name and meaning, a key transformers 5 dropped.
     overwrite_output_dir: bool = False
+    #: With sources' ``weight``: when the mixture ends, as ``datasets.interleave_datasets`` names it: ``first_exhausted``
+    #: (when any source runs out; no row repeats) or ``all_exhausted`` (a source that runs out starts again until every
+    #: source has been read once).
+    dataset_stopping_strategy: str = "first_exhausted"
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

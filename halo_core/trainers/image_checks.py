@@ -34,7 +34,7 @@ def check_images(run: RunConfig, method, args, world: int = 1) -> None:
         _check_settings(run, args, where)
         if not any(all(c in columns for c in needed) for needed in TEXT_FORMATS):
             raise ConfigError(f"{where} but no text for them: TRL's vision collator reads 'messages', 'prompt' and 'completion', "
-                              f"or 'text' (it has {sorted(columns)}); rename a column with the source's columns: {{old: new}}")
+                              f"or 'text' (it has {sorted(columns)}); rename a column with the source's rename_columns: {{old: new}}")
         _check_rows(run, source, found, world)
 
 

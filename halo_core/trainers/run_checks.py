@@ -253,7 +253,7 @@ def check_columns(run: RunConfig, needed: tuple[str, ...]) -> None:
             wanted = ", ".join(" or ".join(repr(name) for name in need.split("|")) for need in missing)
             raise ConfigError(
                 f"{run.source}: dataset {source.path!r} lacks {wanted}, which method {run.method!r} needs (it has {sorted(columns)}); "
-                f"rename one with the source's columns: {{old: new}}, or pick the method that fits the data"
+                f"rename one with the source's rename_columns: {{old: new}}, or pick the method that fits the data"
             )
 
 

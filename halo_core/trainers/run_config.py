@@ -21,7 +21,7 @@ import yaml
 
 from halo_core.errors import ConfigError, HaloError
 from halo_core.parallel.plan import RUN_FIELDS, plan_layout
-from halo_core.trainers import yaml_loader
+from halo_core.trainers import dataset_keys, yaml_loader
 from halo_core.trainers.arguments import DatasetSource, HaloArguments
 from halo_core.trainers.typecheck import coerce, describe, matches
 
@@ -104,9 +104,11 @@ def _datasets(raw: Any, base: Path, where: str, field: str = "dataset") -> list[
         entry = {"path": entry} if isinstance(entry, str) else entry
         if not isinstance(entry, dict) or "path" not in entry:
             raise ConfigError(f"{where}: {field}[{index}] needs a 'path' (a .jsonl/.json/.parquet file, a saved folder or a hub id)")
+        dataset_keys.check_entry(entry, index, where, field)
         for key, value in entry.items():
             _check_key(key, set(hints), f"{where}: {field}[{index}]")
             entry[key] = _check_value(f"{field}[{index}].{key}", value, hints[key], where)
+        entry = dataset_keys.resolve_data_files(entry, base)
         local = base / entry["path"]
         if local.exists():
             entry = {**entry, "path": str(local.resolve())}
@@ -128,7 +130,7 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
         raise ConfigError(f"{where} is not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping of field: value")
-    merged = {**raw, **(overrides or {})}
+    merged = dataset_keys.trl_mixture({**raw, **(overrides or {})}, where)
 
     from halo_core.lora import settings as lora_settings
 
@@ -161,6 +163,7 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
         if trainer.get(key) and (path.parent / trainer[key]).exists():
             trainer[key] = str((path.parent / trainer[key]).resolve())
     peft = {k: _check_value(k, v, peft_hints[k], where) for k, v in merged.items() if k in peft_hints}
+    dataset_keys.check_mixture(halo_fields["dataset"], method, trainer, halo_fields.get("dataset_stopping_strategy", "first_exhausted"), where)
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where, peft)
 
 

@@ -121,7 +121,10 @@ def _train(run, trainer_class, config_class, watch, *, reference, num_labels, fr
 
     args = method_args(config_class, run.trainer)
     parallel = run.halo.parallel_config()
-    dataset, eval_dataset = datasets_for(run, args.seed)
+    from halo_core.trainers.parts.mixture import prepare_args, seed_of
+
+    dataset, eval_dataset = datasets_for(run, args.seed, seed_of(args))
+    prepare_args(args, dataset)
     processing_class = build_processing_class(run.halo.model_name_or_path, dataset)  # a processor for image rows (SFT)
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     labels = num_labels(args) if num_labels is not None else None

@@ -1,4 +1,4 @@
-"""Training data from the run's ``dataset`` sources: local files, saved folders or hub ids, concatenated."""
+"""Training data from the run's ``dataset`` sources: local files, saved folders or hub ids, mixed by ``parts/mixture.py``."""
 
 from __future__ import annotations
 
@@ -17,12 +17,23 @@ def load_source(source: DatasetSource):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             loaded = loaded[source.split]
+        loaded = loaded.to_iterable_dataset() if source.streaming else loaded
     elif path.suffix in _FORMATS:
-        loaded = datasets.load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train")
+        loaded = datasets.load_dataset(_FORMATS[path.suffix], data_files=str(path), split="train", streaming=source.streaming)
     else:
-        loaded = datasets.load_dataset(source.path, source.name, split=source.split)
-    loaded = loaded.rename_columns(source.columns) if source.columns else loaded
+        loaded = datasets.load_dataset(source.path, source.name, data_dir=source.data_dir, data_files=source.data_files,
+                                       split=source.split, streaming=source.streaming)
+    loaded = loaded.select_columns(source.columns) if source.columns else loaded
+    loaded = loaded.rename_columns(source.rename_columns) if source.rename_columns else loaded
+    if source.streaming:
+        return loaded  # rows are read as training goes; image paths stay paths
     return images_from_paths(loaded, path.parent) if path.suffix in (".jsonl", ".json") else loaded
+
+
+def _kept(source: DatasetSource, names) -> list[str]:
+    """Column names as the source ends up with them: TRL's ``columns`` kept, then ``rename_columns`` applied."""
+    kept = [n for n in names if not source.columns or n in source.columns]
+    return [source.rename_columns.get(n, n) for n in kept]
 
 
 def image_paths(value, folder: Path) -> list[str]:
@@ -50,12 +61,20 @@ def images_from_paths(loaded, folder: Path):
     return loaded
 
 
+def local_file(source: DatasetSource) -> Path:
+    """The file a source reads: its ``path``, or TRL's builder form's one local file (``path: json, data_files: x.jsonl``)."""
+    files = source.data_files
+    if source.path in ("json", "parquet") and isinstance(files, str) and Path(files).is_file():
+        return Path(files)
+    return Path(source.path)
+
+
 def first_rows(source: DatasetSource, count: int | None = 64) -> list[dict] | None:
     """The first rows of a local ``.jsonl`` source (every row with ``count=None``), read without ``datasets`` (for checks
     before start); else ``None``."""
     import json
 
-    path = Path(source.path)
+    path = local_file(source)
     if path.suffix != ".jsonl" or not path.is_file():
         return None
     rows = []
@@ -63,7 +82,7 @@ def first_rows(source: DatasetSource, count: int | None = 64) -> list[dict] | No
         for line in lines:
             if line.strip():
                 row = json.loads(line)
-                rows.append({source.columns.get(k, k): v for k, v in row.items()})
+                rows.append({source.rename_columns.get(k, k): v for k, v in row.items() if not source.columns or k in source.columns})
                 if len(rows) == count:
                     break
     return rows
@@ -71,7 +90,7 @@ def first_rows(source: DatasetSource, count: int | None = 64) -> list[dict] | No
 
 def local_columns(source: DatasetSource) -> set[str] | None:
     """The column names of a local source after its renames, read cheaply; ``None`` for a hub dataset."""
-    path = Path(source.path)
+    path = local_file(source)
     if path.suffix == ".jsonl" and path.is_file():
         rows = first_rows(source, 1)
         return set(rows[0]) if rows else set()
@@ -83,11 +102,11 @@ def local_columns(source: DatasetSource) -> set[str] | None:
         names = load_source(DatasetSource(str(path), source.split)).column_names
     else:
         return None
-    return {source.columns.get(n, n) for n in names}
+    return set(_kept(source, names))
 
 
-def load_sources(sources: list[DatasetSource]):
-    import datasets
+def load_sources(sources: list[DatasetSource], seed: int = 42, stopping_strategy: str = "first_exhausted"):
+    """The sources as one dataset (``parts/mixture.py``: concatenated, by TRL's ``fraction`` or by ``weight``)."""
+    from halo_core.trainers.parts.mixture import mix
 
-    parts = [load_source(s) for s in sources]
-    return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+    return mix([load_source(s) for s in sources], sources, seed, stopping_strategy)

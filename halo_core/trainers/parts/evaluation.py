@@ -18,12 +18,13 @@ from __future__ import annotations
 IGNORE = -100
 
 
-def datasets_for(run, seed: int):
-    """``(train, eval)``: the training set and the evaluation set (``None`` without one) the run's keys name."""
+def datasets_for(run, seed: int, data_seed: int):
+    """``(train, eval)``: the training set and the evaluation set (``None`` without one) the run's keys name;
+    ``seed`` holds out ``test_split_size``, ``data_seed`` draws weighted sources (``parts/mixture.py``)."""
     from halo_core.trainers.parts.data import load_sources
 
     halo = run.halo
-    train = load_sources(halo.dataset)
+    train = load_sources(halo.dataset, data_seed, halo.dataset_stopping_strategy)
     if halo.eval_dataset:
         return train, load_sources(halo.eval_dataset)
     if halo.dataset_test_split:

@@ -27,7 +27,7 @@ _VIDEO_FILE = "video_preprocessor_config.json"
 
 
 def has_images(columns) -> bool:
-    return any(c in columns for c in IMAGE_COLUMNS)
+    return any(c in (columns or ()) for c in IMAGE_COLUMNS)  # a streamed dataset may not know its columns
 
 
 def is_vision_language(config) -> bool:
