@@ -79,11 +79,25 @@ def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(singl
     expected = losses(reference)
     assert len(expected) == STEPS and losses(out) == pytest.approx(expected, abs=1e-5, rel=0)
     assert logged(out, "num_tokens") == logged(reference, "num_tokens")  # TRL's count, of each rank's own batch
+    assert_same_moe_load(out, reference)
     expected_weights, actual = weights(reference), weights(out)
     assert actual.keys() == expected_weights.keys()
     for key, tensor in actual.items():
         assert_close(tensor, expected_weights[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
     assert_written_by_every_rank(out, reference, nproc)
+
+
+def assert_same_moe_load(out: Path, reference: Path) -> None:
+    """Tokens per expert over the global batch, padding left out: one process's, in the metrics and the counts file."""
+    for key in ("moe/load_max", "moe/load_cv", "moe/dead_experts"):
+        assert logged(out, key) == pytest.approx(logged(reference, key), abs=1e-6, rel=0), key
+    counts = [json.loads(line) for line in (out / "moe_load.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (reference / "moe_load.jsonl").read_text().splitlines()]
+    assert counts == expected and len(counts) == STEPS
+    # each step's routed pairs: TRL's count of real tokens that step (attention mask) times top_k, per layer
+    tokens = logged(reference, "num_tokens")
+    steps = [b - a for a, b in zip([0] + tokens, tokens)]
+    assert [{sum(layer) for layer in c["counts"]} for c in counts] == [{2 * n} for n in steps]
 
 
 def writers(files: dict, prefix: str) -> set[int]:

@@ -76,6 +76,10 @@ class HaloArguments:
     #: Start afresh into an ``output_dir`` that holds checkpoints or a model (refused otherwise: it would overwrite
     #: them); transformers 4's name and meaning, a key transformers 5 dropped.
     overwrite_output_dir: bool = False
+    #: DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every expert's routing bias
+    #: (``e_score_correction_bias``, top-k choice only) moves by this times sign(mean load - its load) over the global
+    #: batch; 0 = off. Only for families whose router reads that bias (``parts/moe_bias.py``).
+    moe_bias_update_rate: float = 0.0
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(
