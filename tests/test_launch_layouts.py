@@ -6,7 +6,6 @@ float32 throughout (``bf16: false``): TRL's default on a machine with bf16 would
 """
 
 import json
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,13 @@ import pytest
 from halo_core.testing.compare import assert_close
 from launch_kit import OPTIMIZERS, ROOT, STEPS, launch as launch_method, logged, weights, write_run
 
-launch = partial(launch_method, "sft")
+#: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
+#: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
+AUX = "--router_aux_loss_coef=0.1"
+
+
+def launch(config, output_dir, nproc, *args):
+    return launch_method("sft", config, output_dir, nproc, *args, AUX)
 
 #: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {
@@ -79,6 +84,7 @@ def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(singl
     expected = losses(reference)
     assert len(expected) == STEPS and losses(out) == pytest.approx(expected, abs=1e-5, rel=0)
     assert logged(out, "num_tokens") == logged(reference, "num_tokens")  # TRL's count, of each rank's own batch
+    assert logged(out, "aux_loss") == pytest.approx(logged(reference, "aux_loss"), abs=1e-5, rel=0)
     assert_same_moe_load(out, reference)
     expected_weights, actual = weights(reference), weights(out)
     assert actual.keys() == expected_weights.keys()

@@ -130,3 +130,30 @@ def test_the_saved_bias_is_the_rule_over_the_global_loads_and_stock_transformers
             gate = model.get_submodule(name.rpartition(".")[0]).gate
             assert expected.abs().sum() > 0
             torch.testing.assert_close(gate.e_score_correction_bias, expected, atol=1e-7, rtol=0)
+
+
+def test_one_process_aux_loss_is_transformers_own():
+    """Unpatched, on one process, the global-batch loss is the stock function's value, with and without a mask."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func as stock
+
+    from halo_core.trainers.parts.moe_aux import global_loss
+
+    generator = torch.Generator().manual_seed(1)
+    logits = tuple(torch.randn(12, 8, generator=generator) for _ in range(3))
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    for attention_mask in (None, mask):
+        torch.testing.assert_close(global_loss(None, logits, 8, 2, attention_mask), stock(logits, 8, 2, attention_mask), atol=1e-6, rtol=0)
+
+
+def test_the_heatmap_reads_each_expert_against_its_layer_mean(tmp_path):
+    """The picture's numbers (drawing needs matplotlib, an optional extra): 1 is a fair share, 0 dead."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from moe_heatmap import load_ratios
+
+    from halo_core.trainers.parts.moe_load import write_counts
+
+    write_counts(str(tmp_path), 1, ["a", "b"], [[2, 2], [4, 0]])
+    write_counts(str(tmp_path), 2, ["a", "b"], [[3, 1], [0, 0]])
+    steps, labels, rows = load_ratios(tmp_path / "moe_load.jsonl")
+    assert steps == [1, 2] and labels == ["a/0", "a/1", "b/0", "b/1"]
+    assert rows == [[1.0, 1.5], [1.0, 0.5], [2.0, 0.0], [0.0, 0.0]]

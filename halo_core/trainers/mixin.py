@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, global_batch, moe_bias, moe_load, nan_filter, nonfinite
+from halo_core.trainers.parts import checkpoint, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -66,6 +66,7 @@ class DistributedTrainerMixin:
         self.args.logging_nan_inf_filter = False
         self._halo_moe = moe_load.install(self._halo_laid_out, layout_of(self.model))  # tokens per expert (parts.moe_load)
         moe_bias.attach(self, moe_bias_update_rate)  # aux-loss-free balancing, when asked
+        moe_aux.install(self._halo_laid_out, self._halo_moe)  # the router's aux loss over the global batch
         reshard_all(self._halo_laid_out)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
         if self.halo_sequence_loss:
             for model in (self.model, getattr(self, "ref_model", None)):
@@ -168,6 +169,7 @@ class DistributedTrainerMixin:
     # -- metrics ---------------------------------------------------------------------------
 
     def log(self, logs, *args, **kwargs):
+        moe_aux.per_group_metric(self)
         if "loss" in logs:
             logs.update(self._halo_meter.drain(self.args.device))
             if self._halo_steps.skipped:
