@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launch_kit import OPTIMIZERS, ROOT, STEPS, TINY, launch, logged, write_run
+from launch_kit import OPTIMIZERS, ROOT, STEPS, TINY, launch, logged, uneven_rows, write_run
 
 from halo_core.errors import ConfigError
 from halo_core.trainers.parts import moe_bias
@@ -54,14 +53,14 @@ def test_a_skewed_router_is_balanced_by_the_bias():
     with torch.no_grad():
         router.weight.normal_(0, 0.1, generator=generator)
         router.weight[:2] += 0.5
-    tokens = torch.randn(512, router.hidden_dim, generator=generator).abs()
+    tokens = torch.randn(256, router.hidden_dim, generator=generator).abs()
 
     def loads():
         _, _, chosen = router(tokens)
         return torch.bincount(chosen.reshape(-1), minlength=router.num_experts).float()
 
     first = loads()
-    for _ in range(300):
+    for _ in range(120):
         before = router.e_score_correction_bias.clone()
         counts = loads()
         moe_bias.update(router.e_score_correction_bias, counts, RATE)
@@ -81,12 +80,18 @@ def test_families_without_the_bias_are_refused_naming_those_that_have_it():
 
 
 def test_the_refusal_comes_before_start_in_one_line(tmp_path):
+    """`halo launch --dry-run` (in this process: a second interpreter costs seconds) refuses it with a ``ConfigError``
+    (which ``halo``'s entry point prints as one line, exit 2) before anything starts."""
+    from typer.testing import CliRunner
+
+    from halo_cli.main import _typer_app
+
     config = write_run(tmp_path, "completion")
-    command = [sys.executable, "-m", "halo_cli", "launch", "sft", str(config), "--nproc", "2", "--dry-run", "--",
-               f"--output_dir={tmp_path / 'out'}", f"--moe_bias_update_rate={RATE}"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "moe_bias_update_rate" in result.stderr and "Traceback" not in result.stderr
+    result = CliRunner().invoke(_typer_app, ["launch", "sft", str(config), "--nproc", "2", "--dry-run", "--",
+                                             f"--output_dir={tmp_path / 'out'}", f"--moe_bias_update_rate={RATE}"])
+    message = str(result.exception)
+    assert isinstance(result.exception, ConfigError), result.output[-2000:]
+    assert "moe_bias_update_rate=0.01" in message and "glm4_moe" in message and "\n" not in message
 
 
 def _glm4_moe_folder(folder: Path) -> Path:
@@ -106,8 +111,10 @@ def _glm4_moe_folder(folder: Path) -> Path:
 def glm_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("glm")
     model = _glm4_moe_folder(root / "model")
-    config = write_run(root, "completion")
-    config.write_text(config.read_text().replace(str(TINY), str(model)))
+    # plain-text rows here (the layouts' module covers prompt/completion ones): padding left out of the counts too
+    (root / "text.jsonl").write_text("".join(json.dumps({"text": row["text"]}) + "\n" for row in uneven_rows("labelled")))
+    config = root / "run.yaml"
+    config.write_text(f"model_name_or_path: {model}\nrandom_init: true\ndataset:\n  - path: text.jsonl\n")
     asked = (*OPTIMIZERS["sgd"], f"--moe_bias_update_rate={RATE}")
     return {"single": launch("sft", config, root / "single", 1, *asked), "ep2": launch("sft", config, root / "ep2", 2, *asked, "--expert_parallel_size=2")}
 
@@ -121,6 +128,8 @@ def test_the_saved_bias_is_the_rule_over_the_global_loads_and_stock_transformers
         assert logged(ep2, key) == pytest.approx(logged(single, key), abs=1e-6, rel=0), key
     lines = [json.loads(line) for line in (ep2 / "moe_load.jsonl").read_text().splitlines()]
     assert lines == [json.loads(line) for line in (single / "moe_load.jsonl").read_text().splitlines()] and len(lines) == STEPS
+    tokens = logged(single, "num_tokens")  # real tokens (attention mask) per step, times top-2, in every layer
+    assert [{sum(c) for c in line["counts"]} for line in lines] == [{2 * (b - a)} for a, b in zip([0] + tokens, tokens)]
     for out in (single, ep2):
         model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
         for layer, name in enumerate(lines[0]["layers"]):

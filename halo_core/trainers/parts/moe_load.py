@@ -66,6 +66,9 @@ class MoeLoad:
         self.active, self.mask, self.seen = training, mask, set()
 
     def _hook(self, layer: int):
+        # Outside compiled layers' graphs (``compile_layers``): the once-per-micro-batch check is Python state that
+        # would otherwise be guarded on, recompiling the layer as it changes.
+        @torch.compiler.disable
         def hook(module, args, kwargs):
             if not self.active or layer in self.seen:
                 return None
