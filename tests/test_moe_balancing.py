@@ -161,7 +161,8 @@ def test_the_heatmap_reads_each_expert_against_its_layer_mean(tmp_path):
 
     from halo_core.trainers.parts.moe_load import write_counts
 
-    write_counts(str(tmp_path), 1, ["a", "b"], [[2, 2], [4, 0]])
+    write_counts(str(tmp_path), 1, ["a", "b"], [[9, 9], [9, 9]])  # an earlier run's line, replaced by a fresh start's
+    write_counts(str(tmp_path), 1, ["a", "b"], [[2, 2], [4, 0]], first=True)
     write_counts(str(tmp_path), 2, ["a", "b"], [[3, 1], [0, 0]])
     steps, labels, rows = load_ratios(tmp_path / "moe_load.jsonl")
     assert steps == [1, 2] and labels == ["a/0", "a/1", "b/0", "b/1"]

@@ -56,6 +56,7 @@ class MoeLoad:
         self.seen: set[int] = set()
         #: Also count per optimizer step (``parts.moe_bias`` balances by each step's loads).
         self.track_steps = False
+        self.written = False  # this run wrote its first line of ``COUNTS_FILE``
         self.step_counts: list[torch.Tensor | None] = [None] * len(modules)
         self.handles = [module.register_forward_pre_hook(self._hook(i), with_kwargs=True) for i, (_, module, _) in enumerate(modules)]
 
@@ -135,10 +136,19 @@ def load_metrics(rows: list[list[int]]) -> dict[str, float]:
     return {"moe/load_max": max(peaks), "moe/load_cv": sum(cvs) / len(cvs), "moe/dead_experts": dead / pairs}
 
 
-def write_counts(folder: str, step: int, names: list[str], rows: list[list[int]]) -> None:
-    """One line per log: the step, and each layer's tokens per expert (the heatmap's input, ``bench/moe_heatmap.py``)."""
+def write_counts(folder: str, step: int, names: list[str], rows: list[list[int]], first: bool = False) -> None:
+    """One line per log: the step, and each layer's tokens per expert (the heatmap's input, ``bench/moe_heatmap.py``).
+
+    ``first`` (this run's first line): lines from step ``step`` on are dropped, so a resumed run continues its
+    history without the lines of steps it trains again, and a fresh start into the folder begins a new file."""
     os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, COUNTS_FILE), "a") as file:
+    path = os.path.join(folder, COUNTS_FILE)
+    if first and os.path.exists(path):
+        with open(path) as file:
+            kept = [line for line in file if line.strip() and json.loads(line).get("step", 0) < step]
+        with open(path, "w") as file:
+            file.writelines(kept)
+    with open(path, "a") as file:
         file.write(json.dumps({"step": step, "layers": names, "counts": rows}) + "\n")
 
 
@@ -203,4 +213,5 @@ def log(trainer, logs: dict) -> None:
     metrics, rows = load.drain(trainer.args.device)
     logs.update(metrics)
     if trainer.args.should_save:
-        write_counts(trainer.args.output_dir, trainer.state.global_step, load.names, rows)
+        write_counts(trainer.args.output_dir, trainer.state.global_step, load.names, rows, first=not load.written)
+        load.written = True
