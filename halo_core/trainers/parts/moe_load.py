@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from halo_core.errors import LayoutError
 from halo_core.layout import has_interface_signature
 from halo_core.parallel.expert_parallel import count_experts, is_interface
 from halo_core.parallel.layout_state import shard_of
@@ -37,8 +38,10 @@ def experts_modules(model: nn.Module) -> list[tuple[str, nn.Module, int]]:
     for name, module in model.named_modules():
         if not (is_interface(module) or has_interface_signature(module)):
             continue
-        shard = shard_of(module)
-        total = getattr(shard, "num_experts", None) or count_experts(module)
+        try:
+            total = getattr(shard_of(module), "num_experts", None) or count_experts(module)
+        except LayoutError:  # called as the interface is, but no expert weights the core can count: not counted
+            continue
         found.append((name, module, int(total)))
     return found
 
