@@ -8,7 +8,7 @@ on a GPU (float32 on CPU), random tokens, AdamW; each variant runs ``--warmup`` 
 (forward, backward, optimizer step, synchronised), the metrics read every ``--logging-steps`` as the trainer reads
 them. Variants: ``off`` (no hooks), ``metrics`` (``parts/moe_load.py``'s pre-hooks and the read at logging steps),
 ``metrics+bias`` (also the per-step table the bias rule reads, ``parts/moe_bias.py``'s ``step_table``). Prints and
-writes the median step time of each and the overhead against ``off``.
+writes the median step time of each (the best of ``--rounds`` interleaved rounds) and the overhead against ``off``.
 """
 
 from __future__ import annotations
@@ -78,11 +78,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--logging-steps", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the three variants; the best median counts")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    results = {variant: run(args, variant, device, dtype) for variant in ("off", "metrics", "metrics+bias")}
+    variants = ("off", "metrics", "metrics+bias")
+    rounds = {variant: [] for variant in variants}
+    for _ in range(args.rounds):  # interleaved, so drift (clocks, a shared machine) falls on every variant alike
+        for variant in variants:
+            rounds[variant].append(run(args, variant, device, dtype))
+    results = {variant: min(times) for variant, times in rounds.items()}
     base = results["off"]
     report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "config": vars(args) | {"out": None},
               "median_step_s": results, "overhead_pct": {k: round(100 * (v / base - 1), 2) for k, v in results.items() if k != "off"}}
