@@ -48,9 +48,10 @@ def launch(
     world = nproc * nnodes
     check_run(run, world)
     layout = check_layout(run, world)
-    from halo_core.trainers.parts import nonfinite  # imports torch: here, not for every halo command
+    from halo_core.trainers.parts import moe_bias, nonfinite  # imports torch: here, not for every halo command
 
     nonfinite.check_key(run)
+    moe_bias.check_key(run)
     asked_latest = run.trainer.get(restart.RESUME) is True
     check_resume(run)
     check_model(run)

@@ -28,4 +28,8 @@ def test_the_embedded_default_moves_its_metric(method, tmp_path):
     state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
     values = [e[key] for e in state["log_history"] if key in e and "train_runtime" not in e]
     assert len(values) == 2 and (values[1] > values[0] if rises else values[1] < values[0]), values
+    # every method logs the MoE load of its model at each logging step (``parts/moe_load.py``)
+    training = [e for e in state["log_history"] if "loss" in e]
+    assert len(training) == 2 and all(0 <= e["moe/dead_experts"] <= 1 and e["moe/load_max"] >= 1 and "moe/load_cv" in e for e in training)
+    assert len((out / "moe_load.jsonl").read_text().splitlines()) == 2
     assert (out / "model.safetensors").exists() or any(out.glob("model-*.safetensors"))

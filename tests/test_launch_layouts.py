@@ -6,7 +6,6 @@ float32 throughout (``bf16: false``): TRL's default on a machine with bf16 would
 """
 
 import json
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,13 @@ import pytest
 from halo_core.testing.compare import assert_close
 from launch_kit import OPTIMIZERS, ROOT, STEPS, launch as launch_method, logged, weights, write_run
 
-launch = partial(launch_method, "sft")
+#: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
+#: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
+AUX = "--router_aux_loss_coef=0.1"
+
+
+def launch(config, output_dir, nproc, *args):
+    return launch_method("sft", config, output_dir, nproc, *args, AUX)
 
 #: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {
@@ -79,11 +84,26 @@ def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(singl
     expected = losses(reference)
     assert len(expected) == STEPS and losses(out) == pytest.approx(expected, abs=1e-5, rel=0)
     assert logged(out, "num_tokens") == logged(reference, "num_tokens")  # TRL's count, of each rank's own batch
+    assert logged(out, "aux_loss") == pytest.approx(logged(reference, "aux_loss"), abs=1e-5, rel=0)
+    assert_same_moe_load(out, reference)
     expected_weights, actual = weights(reference), weights(out)
     assert actual.keys() == expected_weights.keys()
     for key, tensor in actual.items():
         assert_close(tensor, expected_weights[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
     assert_written_by_every_rank(out, reference, nproc)
+
+
+def assert_same_moe_load(out: Path, reference: Path) -> None:
+    """Tokens per expert over the global batch, padding left out: one process's, in the metrics and the counts file."""
+    for key in ("moe/load_max", "moe/load_cv", "moe/dead_experts"):
+        assert logged(out, key) == pytest.approx(logged(reference, key), abs=1e-6, rel=0), key
+    counts = [json.loads(line) for line in (out / "moe_load.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (reference / "moe_load.jsonl").read_text().splitlines()]
+    assert counts == expected and len(counts) == STEPS
+    # each step's routed pairs: TRL's count of real tokens that step (attention mask) times top_k, per layer
+    tokens = logged(reference, "num_tokens")
+    steps = [b - a for a, b in zip([0] + tokens, tokens)]
+    assert [{sum(layer) for layer in c["counts"]} for c in counts] == [{2 * n} for n in steps]
 
 
 def writers(files: dict, prefix: str) -> set[int]:

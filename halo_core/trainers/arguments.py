@@ -101,6 +101,10 @@ class HaloArguments:
     #: (when any source runs out; no row repeats) or ``all_exhausted`` (a source that runs out starts again until every
     #: source has been read once).
     dataset_stopping_strategy: str = "first_exhausted"
+    #: DeepSeek-V3's auxiliary-loss-free balancing: after each optimizer step every expert's routing bias
+    #: (``e_score_correction_bias``, top-k choice only) moves by this times sign(mean load - its load) over the global
+    #: batch; 0 = off. Only for families whose router reads that bias (``parts/moe_bias.py``).
+    moe_bias_update_rate: float = 0.0
 
     def parallel_config(self) -> ParallelConfig:
         return ParallelConfig(

@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, evaluation, global_batch, nan_filter, nonfinite
+from halo_core.trainers.parts import checkpoint, evaluation, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -43,7 +43,7 @@ class DistributedTrainerMixin:
 
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
                  activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, async_save: bool = False,
-                 max_nonfinite_skips: int = 0, **kwargs):
+                 max_nonfinite_skips: int = 0, moe_bias_update_rate: float = 0.0, **kwargs):
         kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
         reference = kwargs.get("ref_model")
         if reference is not None:
@@ -64,6 +64,9 @@ class DistributedTrainerMixin:
         super().__init__(*args, **kwargs)
         self._halo_nan_filter = self.args.logging_nan_inf_filter  # applied on the device (parts.nan_filter)
         self.args.logging_nan_inf_filter = False
+        self._halo_moe = moe_load.install(self._halo_laid_out, layout_of(self.model))  # tokens per expert (parts.moe_load)
+        moe_bias.attach(self, moe_bias_update_rate)  # aux-loss-free balancing, when asked
+        moe_aux.install(self._halo_laid_out, self._halo_moe)  # the router's aux loss over the global batch
         reshard_all(self._halo_laid_out)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
         if self.halo_sequence_loss:
             for model in (self.model, getattr(self, "ref_model", None)):
@@ -134,6 +137,7 @@ class DistributedTrainerMixin:
     # -- context and tensor parallelism ------------------------------------------------------------
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        moe_load.begin(self, model, inputs)
         if not model.training and getattr(self, "_halo_eval_tokens", None) is not None and num_items_in_batch is None:
             return evaluation.loss(self, model, inputs, lambda i, n: self._halo_compute_loss(model, i, return_outputs, n), return_outputs)
         return self._halo_compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -176,10 +180,12 @@ class DistributedTrainerMixin:
     # -- metrics ---------------------------------------------------------------------------
 
     def log(self, logs, *args, **kwargs):
+        moe_aux.per_group_metric(self)
         if "loss" in logs:
             logs.update(self._halo_meter.drain(self.args.device))
             if self._halo_steps.skipped:
                 logs["nonfinite_skips"] = self._halo_steps.skipped
+            moe_load.log(self, logs)
         return super().log(logs, *args, **kwargs)
 
     # -- checkpoints -------------------------------------------------------------------------

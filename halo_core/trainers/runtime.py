@@ -147,6 +147,7 @@ def _train(run, trainer_class, config_class, watch, *, reference, num_labels, fr
         overlap_optimizer_step=run.halo.overlap_optimizer_step,
         async_save=run.halo.async_save,
         max_nonfinite_skips=run.halo.max_nonfinite_skips,
+        moe_bias_update_rate=run.halo.moe_bias_update_rate,
         **trainer_kwargs,
     )
     watch.trainer = trainer
