@@ -26,6 +26,9 @@ HEAD_COMMON = [a for a in COMMON if not a.startswith("--router_aux_loss_coef")]
 OPTIMIZERS = {"sgd": ["--optim=sgd", "--learning_rate=0.5"], "adamw": ["--optim=adamw_torch", "--learning_rate=3e-3"]}
 LENGTHS = [1, 2, 3, 7, 15, 40]
 
+#: What a plain-text run adds to its YAML: TRL's text column, and a ``max_length`` that cuts the longest rows.
+TEXT_RUN = "dataset_text_field: text\nmax_length: 48\n"
+
 #: (processes, overrides) of each split alone on two ranks.
 TWO_RANKS = {
     "ep2": (2, ["--expert_parallel_size=2"]),
@@ -49,7 +52,8 @@ def _assistant(text: str) -> list[dict]:
 
 
 def uneven_rows(kind: str, count: int = 64, seed: int = 11) -> list[dict]:
-    """Rows in TRL's format for ``kind``: ``completion`` (prompt, completion), ``preference`` (prompt, chosen,
+    """Rows in TRL's format for ``kind``: ``completion`` (prompt, completion), ``text`` (plain text, 6 to 40 numbers:
+    every token is trained on, the first and the end-of-sequence one included), ``preference`` (prompt, chosen,
     rejected), ``unpaired`` (prompt, completion, label: bool), ``labelled`` (text, label: int of 3), ``prompts``
     (prompt), ``groups`` (prompt, completions, rewards); lengths of 1 to 40 numbers."""
     draw = random.Random(seed)
@@ -59,6 +63,8 @@ def uneven_rows(kind: str, count: int = 64, seed: int = 11) -> list[dict]:
         prompt = _user(f"Repeat {n} numbers")
         if kind == "completion":
             rows.append({"prompt": prompt, "completion": _assistant(numbers)})
+        elif kind == "text":
+            rows.append({"text": " ".join(str(draw.randrange(100)) for _ in range(draw.randint(6, 40)))})
         elif kind == "preference":
             rows.append({"prompt": prompt, "chosen": _assistant(numbers), "rejected": _assistant(_numbers(draw)[1])})
         elif kind == "unpaired":

@@ -2,6 +2,12 @@
 different lengths (so every batch is padded and every pool of a CP x TP group is re-padded), against one
 process on the same global batch: logged losses within 1e-5, post-SGD weights within 1e-4.
 
+Every split runs on both row kinds at no extra launch: alone on two ranks over prompt/completion rows (loss on the
+completion only), paired on four ranks over plain-text rows (loss on every token, the first and the end-of-sequence
+one included; ``max_length`` cuts the longest rows). Every layout runs with the router's auxiliary loss on: a TP
+group's pool once had it divided by tp (3.3e-4 to 1e-3 off one process from the first step), and under DP, EP and CP
+it was each rank's own; it is the global batch's now (``parts/moe_aux.py``).
+
 float32 throughout (``bf16: false``): TRL's default on a machine with bf16 would train in bf16.
 """
 
@@ -11,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from halo_core.testing.compare import assert_close
-from launch_kit import OPTIMIZERS, ROOT, STEPS, launch as launch_method, logged, weights, write_run
+from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, launch as launch_method, logged, weights, write_run
 
 #: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
 #: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
@@ -39,14 +45,23 @@ LAYOUTS = {
     "etp2-tp2": (4, ["--expert_tensor_parallel_size=2", "--tensor_parallel_size=2"]),
     "etp2-cp2": (4, ["--expert_tensor_parallel_size=2", "--context_parallel_size=2"]),
 }
+#: The row kind each layout trains on: the pairs of splits on plain text, the rest on prompt/completion rows.
+KINDS = {name: "text" if nproc == 4 else "completion" for name, (nproc, _) in LAYOUTS.items()}
 #: Under AdamW weights are not held tight (Adam turns rounding into update-sized steps), losses are.
 ADAMW_LAYOUTS = ["tp2", "ep2-cp2"]
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory):
-    """A config over data whose completions run from 1 to 40 numbers, so no two neighbours share a length."""
-    return write_run(tmp_path_factory.mktemp("uneven"), "completion")
+def run_files(tmp_path_factory):
+    """A config per row kind: completions of 1 to 40 numbers (so no two neighbours share a length), and plain
+    texts of 6 to 40 numbers cut at 48 tokens."""
+    return {"completion": write_run(tmp_path_factory.mktemp("uneven"), "completion"),
+            "text": write_run(tmp_path_factory.mktemp("text"), "text", TEXT_RUN)}
+
+
+@pytest.fixture(scope="module")
+def run_file(run_files):
+    return run_files["completion"]
 
 
 def losses(output_dir) -> list[float]:
@@ -54,33 +69,49 @@ def losses(output_dir) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def single(run_file, tmp_path_factory):
-    """One process per optimizer, run on first use."""
+def single(run_files, tmp_path_factory):
+    """One process per optimizer and row kind, run on first use."""
     done = {}
 
-    def get(optim: str) -> Path:
-        if optim not in done:
-            done[optim] = launch(run_file, tmp_path_factory.mktemp(f"single-{optim}") / "run", 1, *OPTIMIZERS[optim])
-        return done[optim]
+    def get(optim: str, kind: str = "completion") -> Path:
+        if (optim, kind) not in done:
+            done[optim, kind] = launch(run_files[kind], tmp_path_factory.mktemp(f"single-{optim}-{kind}") / "run", 1, *OPTIMIZERS[optim])
+        return done[optim, kind]
 
     return get
 
 
-def test_the_data_pads_every_batch(run_file):
-    """Guard on the fixture itself: the reference batches mix lengths, so padding is exercised."""
+def test_the_data_pads_every_batch(run_files):
+    """Guard on the fixtures themselves: the reference batches mix lengths, so padding is exercised, and the longest
+    plain texts are cut at ``max_length``."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(ROOT / "templates" / "tiny" / "model")
-    rows = [json.loads(line) for line in (run_file.parent / "completion.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_files["completion"].parent / "completion.jsonl").read_text().splitlines()]
     lengths = [len(tokenizer.apply_chat_template(r["prompt"] + r["completion"], return_dict=True)["input_ids"]) for r in rows]
     assert len(set(lengths)) >= 5 and max(lengths) > 3 * min(lengths)
+    texts = [json.loads(line)["text"] for line in (run_files["text"].parent / "text.jsonl").read_text().splitlines()]
+    lengths = [len(tokenizer(t)["input_ids"]) + 1 for t in texts]  # TRL appends the end-of-sequence token
+    assert len(set(lengths)) >= 5 and min(lengths) < 24 and sum(n > 48 for n in lengths) >= 4
+
+
+def test_every_split_runs_on_both_row_kinds():
+    """Guard on the layouts: each split, and data parallelism, runs on prompt/completion rows and on plain text."""
+    flags = {"ep": "--expert_parallel_size=2", "tp": "--tensor_parallel_size=2", "cp": "--context_parallel_size=2",
+             "etp": "--expert_tensor_parallel_size=2"}
+    for split in ("dp", *flags):
+        names = [name for name, (nproc, layout) in LAYOUTS.items()
+                 if (flags[split] in layout if split in flags else nproc > 2 ** sum(flags[s] in layout for s in ("tp", "cp")))]
+        kinds = {KINDS[name] for name in names}
+        assert kinds == {"completion", "text"}, f"{split} runs on {sorted(kinds)} rows only ({names})"
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
+def test_sgd_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_files, tmp_path, name):
     nproc, layout = LAYOUTS[name]
-    out = launch(run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
-    reference = single("sgd")
+    kind = KINDS[name]
+    out = launch(run_files[kind], tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
+    reference = single("sgd", kind)
     expected = losses(reference)
     assert len(expected) == STEPS and losses(out) == pytest.approx(expected, abs=1e-5, rel=0)
     assert logged(out, "num_tokens") == logged(reference, "num_tokens")  # TRL's count, of each rank's own batch
