@@ -207,21 +207,27 @@ def test_sdpa_and_eager_pass_and_the_cli_refuses_in_one_line(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
-def test_the_run_switches_the_model_to_transformers_function():
-    """The key switches the built model; Halo's operator-based function stays out of the registry until measured on a
-    GPU, so the run gets transformers' own (the one benchmarks.md measured)."""
-    from transformers.integrations.flash_attention import flash_attention_forward
+def test_the_run_switches_the_model_to_halos_function_under_transformers_name():
+    """The key switches the built model and puts Halo's operator-based function in the registry (measured faster than
+    transformers' own on an H100), told whether rows pack documents; other names leave the registry alone."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from halo_core.trainers.runtime import use_attention
 
+    before = ALL_ATTENTION_FUNCTIONS["flash_attention_4"]
     switched = []
     model = type("Model", (), {"set_attn_implementation": lambda self, name: switched.append(name)})()
-    use_attention(model, "flash_attention_4")
-    use_attention(model, "eager")
-    use_attention(model, None)
-    assert switched == ["flash_attention_4", "eager"]
-    assert ALL_ATTENTION_FUNCTIONS["flash_attention_4"] is flash_attention_forward
+    try:
+        use_attention(model, "eager")
+        use_attention(model, None)
+        assert ALL_ATTENTION_FUNCTIONS["flash_attention_4"] is before
+        use_attention(model, "flash_attention_4", packed_documents=False)
+        assert ALL_ATTENTION_FUNCTIONS["flash_attention_4"] is flash_attention.attention_forward and not flash_attention._packed_documents
+        use_attention(model, "flash_attention_4", packed_documents=True)
+        assert flash_attention._packed_documents
+        assert switched == ["eager", "flash_attention_4", "flash_attention_4"]
+    finally:
+        ALL_ATTENTION_FUNCTIONS.register("flash_attention_4", before)
 
 
 def test_register_puts_halos_function_under_transformers_name():

@@ -1,19 +1,15 @@
 """FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL) for transformers' own ``attn_implementation: flash_attention_4``.
 
-transformers names FA4 ``flash_attention_4`` and runs it through ``flash_attn.cute``'s autograd function, and that
-is what a run with the key gets (``runtime.use_attention``); ``unavailable_reason`` is the check before start.
-
-Measured on one H100 (issue 49, ``agent-docs/benchmarks.md``), that road costs a compiled step two things: dynamo
-cannot trace the CuTe DSL's compiled callables, so under ``compile_layers`` each decoder layer breaks into several
-graphs around attention, and transformers asks the position ids whether documents are packed with a host read-back
-in every layer. At 4,096 tokens the 3B MoE's compiled layers ran 11% slower with it than with sdpa, though the kernels
-are 11% faster. The rest of this module is the fix, written and checked on the CPU (``tests/test_flash_attention.py``:
-layouts, scale, grouped heads, sinks, the autograd rule, one graph under ``torch.compile``) but not yet run on a GPU,
-so nothing registers it yet: FA4's forward and backward as PyTorch custom operators (output shapes given to the
-tracer), and ``attention_forward``, which takes one causal sequence a row with no padding mask through them and hands
-every other case (padding masks, packed documents, sliding windows, dropout, soft-capping) to transformers' function
-unchanged. ``register`` puts it in transformers' registry under transformers' name once
-``bench/attention_in_model.py``'s ``halo_fa4`` rows show it faster (the command is in benchmarks.md).
+transformers names FA4 ``flash_attention_4`` and runs it through ``flash_attn.cute``'s autograd function. That road
+costs a compiled step two things: dynamo cannot trace the CuTe DSL's compiled callables, so under ``compile_layers``
+each decoder layer breaks into several graphs around attention, and transformers asks the position ids whether
+documents are packed with a host read-back in every layer. This module is the fix: FA4's forward and backward as
+PyTorch custom operators (output shapes given to the tracer), and ``attention_forward``, which takes one causal
+sequence a row with no padding mask through them and hands every other case (padding masks, packed documents,
+sliding windows, dropout, soft-capping) to transformers' function unchanged. ``runtime.use_attention`` registers it
+under transformers' name for a run with the key: on one H100 (``bench/attention_in_model.py``, benchmarks.md) a
+compiled 3B-MoE step ran 1.24x transformers' road at 4,096 tokens and 1.02x at 32,768, with the same hidden states;
+``unavailable_reason`` is the check before start.
 """
 
 from importlib import metadata, util
