@@ -167,3 +167,4 @@ def test_adamw_layout_logs_the_single_process_losses(single, run_file, tmp_path,
     nproc, layout = LAYOUTS[name]
     out = launch(run_file, tmp_path / "run", nproc, *OPTIMIZERS["adamw"], *layout)
     assert losses(out) == pytest.approx(losses(single("adamw")), abs=1e-5, rel=0)
+    assert_written_by_every_rank(out, single("adamw"), nproc)  # AdamW keeps state: every rank writes its part
