@@ -18,12 +18,14 @@ from __future__ import annotations
 IGNORE = -100
 
 
-def datasets_for(run, seed: int, data_seed: int):
+def datasets_for(run, seed: int, data_seed: int | None = None):
     """``(train, eval)``: the training set and the evaluation set (``None`` without one) the run's keys name;
-    ``seed`` holds out ``test_split_size``, ``data_seed`` draws weighted sources (``parts/mixture.py``)."""
+    ``seed`` holds out ``test_split_size``, ``data_seed`` (``seed`` when unset, as in transformers) draws
+    weighted sources (``parts/mixture.py``)."""
     from halo_core.trainers.parts.data import load_sources
 
     halo = run.halo
+    data_seed = seed if data_seed is None else data_seed
     train = load_sources(halo.dataset, data_seed, halo.dataset_stopping_strategy)
     if halo.eval_dataset:
         return train, load_sources(halo.eval_dataset)
