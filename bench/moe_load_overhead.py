@@ -1,6 +1,7 @@
 """What the MoE load metrics (and the routing-bias update) cost a training step: step time with and without them.
 
     python3 bench/moe_load_overhead.py --out moe_load_overhead.json              # a GPU if there is one
+    python3 bench/moe_load_overhead.py --config ../shared/bench/qwen3-moe-3b.config.json --batch 1 --seq 4096
     python3 bench/moe_load_overhead.py --layers 2 --hidden 64 --steps 5          # a quick CPU check
 
 One process, a Qwen3-MoE decoder (``--layers``, ``--hidden``, ``--experts``, ``--top-k``) of random weights in bf16
@@ -24,8 +25,13 @@ import torch
 
 
 def build(args, device, dtype):
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3MoeConfig
 
+    if args.config:  # a published model's figures, e.g. ../shared/bench/qwen3-moe-3b.config.json
+        config = AutoConfig.for_model(**json.loads(args.config.read_text()))
+        torch.manual_seed(0)
+        with device:  # initialised where it trains: a 3B model's CPU init would take longer than its timing
+            return AutoModelForCausalLM.from_config(config, dtype=dtype)
     config = Qwen3MoeConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 2, moe_intermediate_size=args.hidden // 2,
                             num_hidden_layers=args.layers, num_attention_heads=max(1, args.hidden // 128), num_key_value_heads=max(1, args.hidden // 512),
                             head_dim=128 if args.hidden >= 128 else args.hidden, num_experts=args.experts, num_experts_per_tok=args.top_k,
@@ -66,8 +72,18 @@ def run(args, variant: str, device, dtype) -> float:
     return statistics.median(times)
 
 
+def config_of(args) -> dict:
+    """The flags that shaped the run: the size flags only where no ``--config`` replaced them."""
+    config = vars(args) | {"out": None, "config": args.config and str(args.config)}
+    if args.config:
+        for key in ("layers", "hidden", "experts", "top_k", "vocab"):
+            config.pop(key)
+    return config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", type=Path, help="a model's config.json (overrides the size flags)")
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--experts", type=int, default=64)
@@ -90,7 +106,7 @@ def main() -> None:
             rounds[variant].append(run(args, variant, device, dtype))
     results = {variant: min(times) for variant, times in rounds.items()}
     base = results["off"]
-    report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "config": vars(args) | {"out": None},
+    report = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "config": config_of(args),
               "median_step_s": results, "overhead_pct": {k: round(100 * (v / base - 1), 2) for k, v in results.items() if k != "off"}}
     print(json.dumps(report, indent=2))
     if args.out:
