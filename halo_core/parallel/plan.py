@@ -83,7 +83,8 @@ def first_field(model_config, fields: tuple[str, ...]) -> int | None:
 
 
 def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, itemsize: int = 2,
-                experts_implementation: str | None = None, experts_from_config: bool = True) -> LayoutPlan:
+                experts_implementation: str | None = None, experts_from_config: bool = True,
+                trainable_splits: frozenset[str] | None = None) -> LayoutPlan:
     """Resolve ``config`` on ``world`` ranks for a model of ``model_config`` (``None``: a hub id not read yet)
     and check every rule that needs no module; raise ``LayoutError`` naming the numbers and the fix.
 
@@ -91,13 +92,24 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     ``experts_implementation`` the one the run asks for (``None``: the model's default).
     ``experts_from_config=False`` leaves the expert count and width to the caller, which reads
     them off every MoE block (``parallelize``: blocks may differ, and their names make the message).
+    ``trainable_splits``: the splits the caller's method trains (``None``: any); a fix suggests no other.
     """
     from halo_core.adapt import check_splits
     from halo_core.context import ParallelContext
     from halo_core.parallel.dispatch import get_dispatcher
     from halo_core.parallel.tensor_parallel import check_head_split
 
-    dims = config.resolve(world)
+    def works(ep: int, etp: int) -> bool:  # the same rules for the degrees a fix would suggest
+        if trainable_splits is not None and any(n > 1 and s not in trainable_splits for s, n in (("ep", ep), ("etp", etp))):
+            return False
+        try:
+            plan_layout(dataclasses.replace(config, ep=ep, etp=etp), model_config, registry, world, itemsize=itemsize,
+                        experts_implementation=experts_implementation, experts_from_config=experts_from_config)
+        except LayoutError:
+            return False
+        return True
+
+    dims = config.resolve(world, works)
     if config.fsdp_unit_layers > 1 and not config.fsdp:
         raise LayoutError(
             f"fsdp_unit_layers={config.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two"

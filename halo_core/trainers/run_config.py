@@ -185,7 +185,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     itemsize = 2 if _trains_in_bf16(run, world_size) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
-                           experts_implementation=run.halo.experts_implementation)
+                           experts_implementation=run.halo.experts_implementation, trainable_splits=get_method(run.method).splits)
     except HaloError as exc:
         raise ConfigError(f"{run.source}: {_in_run_fields(str(exc))}") from None
     dims = plan.dims
