@@ -99,8 +99,32 @@ def test_the_methods_own_config_refusals_name_the_field(overrides, message):
 @pytest.mark.parametrize("value", ["../nope/model", "./model", "/no/such/model", "models/qwen/tiny", "~/models/tiny", "models\\tiny"])
 def test_a_path_that_does_not_exist_is_refused_online_too(monkeypatch, value):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is not a local folder (looked in ")):
+    looked = "no such folder" if value.startswith("/") else "looked in "
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is not a local folder ({looked}")):
         check_model_source(load([f"--model_name_or_path={value}"]))
+
+
+def test_a_missing_path_names_each_folder_once_and_an_absolute_one_gets_no_relative_advice(monkeypatch, tmp_path):
+    """Run from the YAML file's folder, the two places looked in are one (once printed "looked in X and X"); an absolute
+    path was looked for only where it points, so the fix is not a relative path."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(TINY.parent)
+    with pytest.raises(ConfigError) as relative:
+        check_model_source(load(["--model_name_or_path=./nope"]))
+    assert f"(looked in {TINY.parent}); give the folder that holds config.json relative to the YAML file or the current folder" in str(relative.value)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as both:
+        check_model_source(load(["--model_name_or_path=./nope"]))
+    assert f"(looked in {TINY.parent} and {tmp_path.resolve()})" in str(both.value)
+    with pytest.raises(ConfigError) as absolute:
+        check_model_source(load([f"--model_name_or_path={tmp_path / 'nope'}"]))
+    assert str(absolute.value).endswith("is not a local folder (no such folder); give the full path of the folder that holds config.json")
+    with pytest.raises(ConfigError) as dataset:
+        load([f"--dataset={tmp_path / 'missing.jsonl'}"])
+    assert str(dataset.value).endswith(f"'{tmp_path / 'missing.jsonl'}' does not exist (no such file or folder)")
+    with pytest.raises(ConfigError) as dataset:
+        load(["--dataset=missing.jsonl"])
+    assert str(dataset.value).endswith(f"'missing.jsonl' does not exist (looked in {TINY.parent}, the YAML file's folder)")
 
 
 def test_a_file_is_not_a_model_folder():

@@ -175,6 +175,15 @@ def quantization_of(folder: Path) -> str | None:
     return None if not settings else repr(settings.get("quant_method", "?")) if isinstance(settings, dict) else "?"
 
 
+def looked_for(value: str, yaml_folder: Path) -> tuple[str, str]:
+    """(where a model path was looked for, the fix): an absolute path only where it points; a relative one next to the
+    YAML file and under the current folder, each folder named once (they are often the same)."""
+    if Path(value).is_absolute():
+        return "no such folder", "give the full path of the folder that holds config.json"
+    folders = list(dict.fromkeys(str(folder) for folder in (yaml_folder, Path.cwd().resolve())))
+    return f"looked in {' and '.join(folders)}", "give the folder that holds config.json relative to the YAML file or the current folder, or its full path"
+
+
 def check_model_source(run: RunConfig) -> None:
     """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached when offline."""
     from huggingface_hub import constants, try_to_load_from_cache
@@ -183,8 +192,7 @@ def check_model_source(run: RunConfig) -> None:
 
     value = run.halo.model_name_or_path
     where = f"{run.source}: model_name_or_path {value!r}"
-    looked = f"looked in {Path(run.source).resolve().parent} and {Path.cwd()}"
-    fix = "give its folder relative to the YAML file or the current folder"
+    looked, fix = looked_for(value, Path(run.source).resolve().parent)
     path = Path(value)
     if path.is_dir():
         quantized = quantization_of(path)
@@ -194,7 +202,7 @@ def check_model_source(run: RunConfig) -> None:
                               f"then save_pretrained in bf16), or use the unquantised release")
         return
     if path.exists():
-        raise ConfigError(f"{where} is a file; {fix}: the folder that holds config.json")
+        raise ConfigError(f"{where} is a file; {fix}")
     if value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value:  # a hub id has at most one "/"
         tilde = " (~ is not expanded: write the full path)" if value.startswith("~") else ""
         raise ConfigError(f"{where} is not a local folder ({looked}){tilde}; {fix}")

@@ -113,7 +113,8 @@ def _datasets(raw: Any, base: Path, where: str, field: str = "dataset") -> list[
         if local.exists():
             entry = {**entry, "path": str(local.resolve())}
         elif Path(entry["path"]).suffix in {".jsonl", ".json", ".parquet"} or entry["path"].startswith((".", "/")):
-            raise ConfigError(f"{where}: {field}[{index}].path {entry['path']!r} does not exist (looked in {base} and the current folder)")
+            looked = "no such file or folder" if Path(entry["path"]).is_absolute() else f"looked in {base.resolve()}, the YAML file's folder"
+            raise ConfigError(f"{where}: {field}[{index}].path {entry['path']!r} does not exist ({looked})")
         sources.append(DatasetSource(**entry))
     return sources
 
