@@ -134,6 +134,15 @@ def test_the_ep_etp_hint_names_only_degrees_that_pass(world, overrides):
     assert re.search(r"among \[1\] \(ep=1 etp=1 passes" if world == 3 else r"among \[1, 2\] ", str(refused.value)), str(refused.value)
 
 
+def test_the_etp_hint_names_only_degrees_that_fit_the_world():
+    """etp=3 at --nproc 3 does not divide the experts' width 64; its divisors 2 to 64 do not fit 3 processes either, so
+    the fix names etp=1 alone, and following it passes."""
+    overrides = ["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"]
+    with pytest.raises(ConfigError, match=re.escape("is not divisible by expert_tensor_parallel_size etp=3; choose etp among [1] (")):
+        check_layout(load(overrides), 3)
+    check_layout(load(["--expert_parallel_size=1", "--expert_tensor_parallel_size=1"]), 3)
+
+
 def test_cli_refuses_before_starting_anything(tmp_path):
     result = run_halo("launch", "sft", str(TINY), "--nproc", "3", "--", f"--output_dir={tmp_path / 'out'}")
     assert result.returncode == 2 and "expert_parallel_size=3" not in result.stderr
