@@ -26,9 +26,15 @@ def method_of(config: Path) -> str:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_the_bundled_configs_pass(config):
+def test_the_bundled_configs_pass(config, tmp_path, monkeypatch):
+    """Run, as the README says, from a folder where the SFT default has left ``runs/tiny-qwen3-moe`` (GRPO and SDPG start
+    from it): here its model folder stands in for it."""
     from halo_core.trainers.method import get_method
     from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny-qwen3-moe").symlink_to(TINY.parents[1] / "tiny" / "model")
+    monkeypatch.chdir(tmp_path)
 
     method = method_of(config)
     run = load_run_config(method, get_method(method).config_class, config, parse_overrides([]))
