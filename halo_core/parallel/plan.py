@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from halo_core.hf_config import text_config
-from halo_core.errors import LayoutError
+from halo_core.errors import HaloError, LayoutError
 from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors, ep_degrees
 
 #: Config fields that hold a MoE model's expert count and its experts' intermediate width.
@@ -105,7 +105,7 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
         try:
             plan_layout(dataclasses.replace(config, ep=ep, etp=etp), model_config, registry, world, itemsize=itemsize,
                         experts_implementation=experts_implementation, experts_from_config=experts_from_config, _suggest=False)
-        except LayoutError:
+        except HaloError:  # any refusal: a layout rule, the family's splits, the dispatcher
             return False
         return True
 

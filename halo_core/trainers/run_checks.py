@@ -213,7 +213,8 @@ def looked_for(value: str, yaml_folder: Path) -> tuple[str, str]:
 
 
 def check_model_source(run: RunConfig) -> None:
-    """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached when offline."""
+    """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached, or (not offline)
+    served by the hub, found out here rather than by every rank's ``from_pretrained`` after a minute of retries."""
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
