@@ -171,6 +171,20 @@ def test_a_model_folder_without_processor_settings_is_refused(tmp_path):
         _check(write_vlm_run(tmp_path, model=folder))
 
 
+def test_stock_auto_processor_needs_torchvision_where_none_imports():
+    """What methods/sft.md tells a user: in this CPU setup (no torchvision) stock ``AutoProcessor`` cannot load
+    Qwen3-VL's processor, its video part needing torchvision, and Halo's ``load_processor`` loads it; where torchvision
+    imports, the stock call does. Fails, so the page gets rewritten, once transformers builds it without torchvision."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    if is_torchvision_available():
+        assert type(AutoProcessor.from_pretrained(VL_MODEL)).__name__ == "Qwen3VLProcessor"
+        return
+    with pytest.raises(ImportError, match="Qwen3VLVideoProcessor requires the Torchvision library"):
+        AutoProcessor.from_pretrained(VL_MODEL)
+
+
 def test_the_processor_loads_as_its_own_class_and_saves_whole(tmp_path):
     """Without torchvision (this project's CPU setup) Qwen3-VL's processor loads without its video part; saved, it
     is the stock class with the video settings it was stored with."""

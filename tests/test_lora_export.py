@@ -140,18 +140,42 @@ def test_the_merge_never_loads_the_whole_base(tmp_path, monkeypatch):
     assert tensors(tmp_path / "ours")
 
 
-def test_a_moved_run_names_its_own_base(tmp_path):
-    """A random-init run's adapter names its base/ by absolute path; moved, the export says where the base is now."""
+def test_a_moved_run_merges_onto_the_base_it_carries(tmp_path, monkeypatch):
+    """A random-init run's adapter names its base/ by the absolute path it had when trained; moved (a run, and one of its
+    checkpoint-N folders), run from another folder, the export merges onto the base/ the run carries, as stock PEFT does
+    over that base."""
+    import transformers
+    from peft import PeftModel
+
+    from halo_core.lora.merge import merge
+
+    run = tmp_path / "old" / "run"
+    model = make_base(run / "base", "moe", torch.bfloat16)
+    make_adapter(model, str(run / "base"), run, torch.bfloat16, **MOE_TARGETS, r=4, lora_alpha=8)
+    (run / "checkpoint-2").mkdir()
+    for file in ("adapter_config.json", "adapter_model.safetensors"):
+        (run / "checkpoint-2" / file).write_bytes((run / file).read_bytes())
+    moved = tmp_path / "new" / "run"
+    moved.parent.mkdir()
+    run.rename(moved)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    base = transformers.AutoModelForCausalLM.from_pretrained(moved / "base", dtype="auto")
+    PeftModel.from_pretrained(base, str(moved)).merge_and_unload().save_pretrained(tmp_path / "peft")
+    for adapter in (moved, moved / "checkpoint-2"):
+        merge(adapter, tmp_path / f"ours-{adapter.name}")
+        assert_same_checkpoint(tmp_path / f"ours-{adapter.name}", tmp_path / "peft")
+
+
+def test_a_base_path_that_is_nowhere_is_refused_in_one_line(tmp_path):
+    """An adapter naming a folder that is not there, with no base/ of its own, is refused naming the key to set."""
     from halo_core.errors import ConfigError
     from halo_core.lora.merge import merge
 
-    (tmp_path / "old").mkdir()
-    base, _ = build_case(tmp_path / "old", "moe-bf16")
-    (tmp_path / "old").rename(tmp_path / "new")
-    moved = tmp_path / "new" / "adapter"
-    (tmp_path / "new" / "base").rename(moved / "base")
-    with pytest.raises(ConfigError, match=f"{re.escape(str(base))}.*is not a folder; the run's own base is {re.escape(str(moved / 'base'))}") as refused:
-        merge(moved, tmp_path / "ours")
+    base, adapter = build_case(tmp_path, "moe-bf16")
+    base.rename(tmp_path / "gone")
+    with pytest.raises(ConfigError, match=f"{re.escape(str(base))} .*is not a folder; set base_model_name_or_path") as refused:
+        merge(adapter, tmp_path / "ours")
     assert "\n" not in str(refused.value)
 
 

@@ -26,9 +26,15 @@ def method_of(config: Path) -> str:
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_the_bundled_configs_pass(config):
+def test_the_bundled_configs_pass(config, tmp_path, monkeypatch):
+    """Run, as the README says, from a folder where the SFT default has left ``runs/tiny-qwen3-moe`` (GRPO and SDPG start
+    from it): here its model folder stands in for it."""
     from halo_core.trainers.method import get_method
     from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny-qwen3-moe").symlink_to(TINY.parents[1] / "tiny" / "model")
+    monkeypatch.chdir(tmp_path)
 
     method = method_of(config)
     run = load_run_config(method, get_method(method).config_class, config, parse_overrides([]))
@@ -99,8 +105,32 @@ def test_the_methods_own_config_refusals_name_the_field(overrides, message):
 @pytest.mark.parametrize("value", ["../nope/model", "./model", "/no/such/model", "models/qwen/tiny", "~/models/tiny", "models\\tiny"])
 def test_a_path_that_does_not_exist_is_refused_online_too(monkeypatch, value):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is not a local folder (looked in ")):
+    looked = "no such folder" if value.startswith("/") else "looked in "
+    with pytest.raises(ConfigError, match=re.escape(f"model_name_or_path {value!r} is not a local folder ({looked}")):
         check_model_source(load([f"--model_name_or_path={value}"]))
+
+
+def test_a_missing_path_names_each_folder_once_and_an_absolute_one_gets_no_relative_advice(monkeypatch, tmp_path):
+    """Run from the YAML file's folder, the two places looked in are one (once printed "looked in X and X"); an absolute
+    path was looked for only where it points, so the fix is not a relative path."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(TINY.parent)
+    with pytest.raises(ConfigError) as relative:
+        check_model_source(load(["--model_name_or_path=./nope"]))
+    assert f"(looked in {TINY.parent}); give the folder that holds config.json relative to the YAML file or the current folder" in str(relative.value)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as both:
+        check_model_source(load(["--model_name_or_path=./nope"]))
+    assert f"(looked in {TINY.parent} and {tmp_path.resolve()})" in str(both.value)
+    with pytest.raises(ConfigError) as absolute:
+        check_model_source(load([f"--model_name_or_path={tmp_path / 'nope'}"]))
+    assert str(absolute.value).endswith("is not a local folder (no such folder); give the full path of the folder that holds config.json")
+    with pytest.raises(ConfigError) as dataset:
+        load([f"--dataset={tmp_path / 'missing.jsonl'}"])
+    assert str(dataset.value).endswith(f"'{tmp_path / 'missing.jsonl'}' does not exist (no such file or folder)")
+    with pytest.raises(ConfigError) as dataset:
+        load(["--dataset=missing.jsonl"])
+    assert str(dataset.value).endswith(f"'missing.jsonl' does not exist (looked in {TINY.parent}, the YAML file's folder)")
 
 
 def test_a_file_is_not_a_model_folder():
@@ -154,10 +184,56 @@ def test_offline_a_hub_id_must_be_cached(monkeypatch, tmp_path):
     assert f"nor in the Hugging Face cache {tmp_path}" in str(caught.value) and "`hf download org/absent`" in str(caught.value)
 
 
-def test_online_a_hub_id_not_yet_cached_is_left_to_download(monkeypatch, tmp_path):
+def test_online_a_hub_id_not_yet_cached_is_left_to_download_where_the_hub_serves_it(monkeypatch, tmp_path):
+    import huggingface_hub
+
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, timeout: asked.append(url))
     check_model_source(load(["--model_name_or_path=org/not-yet"]))
+    assert asked and "org/not-yet" in asked[0] and asked[0].endswith("config.json")
+
+
+def test_online_a_cached_hub_id_asks_the_hub_nothing(monkeypatch, tmp_path):
+    import huggingface_hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(_cache_holding(tmp_path, "org/cached")))
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda *a, **k: pytest.fail("asked the hub for a cached id"))
+    check_model_source(load(["--model_name_or_path=org/cached"]))
+
+
+def test_online_a_hub_id_neither_cached_nor_served_is_refused_before_start(monkeypatch, tmp_path):
+    """Without HF_HUB_OFFLINE and without a network (or for an id the hub does not know) every rank's from_pretrained
+    would retry for about a minute and fail with a traceback each: the launcher finds out first, in one line."""
+    import time
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:  # the real hub: unreachable here, and it knows no such id where it is reachable
+        check_model_source(load(["--model_name_or_path=halo-test-absent/no-such-model-3f9c1e"]))
+    assert time.monotonic() - started < 15
+    assert "nor in the Hugging Face cache" in str(caught.value) and "and the hub does not serve it (" in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_hub_that_does_not_answer_is_given_up_on_in_bounded_time(monkeypatch, tmp_path):
+    import time
+
+    import huggingface_hub
+
+    from halo_core.trainers import run_checks
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(run_checks, "HUB_PROBE_SECONDS", 0.5)
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda *a, **k: time.sleep(30))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=re.escape("does not serve it (no answer from ")):
+        check_model_source(load(["--model_name_or_path=org/slow"]))
+    assert time.monotonic() - started < 5
 
 
 def test_ep_that_does_not_divide_the_experts_names_the_degrees_that_do():
@@ -173,6 +249,7 @@ def test_ep_that_does_not_divide_the_experts_names_the_degrees_that_do():
     [
         (["--learning_rate=-1"], {}, "learning_rate=-1 must be above 0"),
         (["--model_name_or_path=org/absent", "--random_init=false"], {"HF_HUB_OFFLINE": "1"}, "model_name_or_path 'org/absent' is neither a local folder"),
+        (["--model_name_or_path=halo-test-absent/no-such-model-3f9c1e", "--random_init=false"], {"HF_HUB_OFFLINE": "0"}, "and the hub does not serve it"),
     ],
 )
 def test_cli_dry_run_refuses_in_one_line(tmp_path, overrides, env, message):

@@ -121,6 +121,28 @@ def test_random_init_needs_a_local_config(tmp_path):
         check_layout(load(["--model_name_or_path=some/hub-id", f"--dataset={TINY}", f"--eval_dataset={TINY}"], path=tmp_path / "run.yaml"), 2)
 
 
+@pytest.mark.parametrize("world, overrides", [(3, []), (6, ["--expert_parallel_size=4"])])
+def test_the_ep_etp_hint_names_only_degrees_that_pass(world, overrides):
+    """The default (8 experts) at --nproc 3 once suggested ep*etp among [1, 3], and ep=3 was then refused (8 experts do
+    not split in 3): every degree the fix names now passes every rule on that world."""
+    with pytest.raises(ConfigError) as refused:
+        check_layout(load(overrides), world)
+    pairs = re.findall(r"ep=(\d+) etp=(\d+)", str(refused.value))
+    assert pairs and ("3", "1") not in pairs, str(refused.value)
+    for ep, etp in pairs:
+        check_layout(load([*overrides, f"--expert_parallel_size={ep}", f"--expert_tensor_parallel_size={etp}"]), world)
+    assert re.search(r"among \[1\] \(ep=1 etp=1 passes" if world == 3 else r"among \[1, 2\] ", str(refused.value)), str(refused.value)
+
+
+def test_the_etp_hint_names_only_degrees_that_fit_the_world():
+    """etp=3 at --nproc 3 does not divide the experts' width 64; its divisors 2 to 64 do not fit 3 processes either, so
+    the fix names etp=1 alone, and following it passes."""
+    overrides = ["--expert_parallel_size=1", "--expert_tensor_parallel_size=3"]
+    with pytest.raises(ConfigError, match=re.escape("is not divisible by expert_tensor_parallel_size etp=3; choose etp among [1] (")):
+        check_layout(load(overrides), 3)
+    check_layout(load(["--expert_parallel_size=1", "--expert_tensor_parallel_size=1"]), 3)
+
+
 def test_cli_refuses_before_starting_anything(tmp_path):
     result = run_halo("launch", "sft", str(TINY), "--nproc", "3", "--", f"--output_dir={tmp_path / 'out'}")
     assert result.returncode == 2 and "expert_parallel_size=3" not in result.stderr

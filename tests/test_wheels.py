@@ -45,6 +45,8 @@ def site_packages(env: Path) -> Path:
 
 
 def test_wheels_install_alone_train_the_embedded_default_and_uninstall(tmp_path):
+    """Wheels of halo-core and one family install beside the CPU torch already there (nothing else), find the family,
+    train the embedded default and uninstall."""
     dist = tmp_path / "dist"
     built = build_wheels(dist, only=["halo-core", "halo-plugin-qwen3-moe"])
     assert sorted(w.name.split("-")[0] for w in built) == ["halo_core", "halo_plugin_qwen3_moe"]
@@ -52,6 +54,13 @@ def test_wheels_install_alone_train_the_embedded_default_and_uninstall(tmp_path)
     halo = env / "bin" / "halo"
     pip = [sys.executable, "-m", "pip", "--python", env / "bin" / "python"]
     install = [*pip, "install", "-q", "--no-index", "--no-deps", "--find-links", dist]
+
+    # The README's install from wheels: with torch's CPU build already there, pip installs halo-core and a family and
+    # nothing else (no torch of PyPI's, no CUDA packages); --no-index makes any other need an error.
+    report = tmp_path / "report.json"
+    run(*pip, "install", "--dry-run", "-q", "--no-index", "--report", report, "--find-links", dist, "halo-core", "halo-plugin-qwen3-moe", cwd=tmp_path)
+    planned = sorted(item["metadata"]["name"] for item in json.loads(report.read_text())["install"])
+    assert planned == ["halo-core", "halo-plugin-qwen3-moe"], planned
 
     run(*install, "halo-core", cwd=tmp_path)
     assert json.loads(run(halo, "families", "list", "--json", cwd=tmp_path)) == []
@@ -77,3 +86,4 @@ def test_wheels_install_alone_train_the_embedded_default_and_uninstall(tmp_path)
 
     run(*pip, "uninstall", "-y", "-q", "halo-plugin-qwen3-moe", cwd=tmp_path)
     assert json.loads(run(halo, "families", "list", "--json", cwd=tmp_path)) == []
+

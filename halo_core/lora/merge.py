@@ -46,7 +46,7 @@ def merge(adapter_dir: str | Path, out_dir: str | Path, *, max_file_bytes: int |
     name = config.get("base_model_name_or_path")
     if not name:
         raise ConfigError(f"{adapter_dir}/{peft_format.ADAPTER_CONFIG} names no base_model_name_or_path; set it to the base model's folder or hub id")
-    _check_folder(name, adapter_dir)
+    name = _base_of(name, adapter_dir)
     dtype = torch.float32 if _stored_dtype(adapter_dir) == torch.float32 else "auto"
     base = merge_base.load(name, dtype, sequence_classification=config.get("task_type") == "SEQ_CLS")
     job = merged_job(base, MergedWeights(base, load_adapter(base, adapter_dir)), max_file_bytes)
@@ -92,14 +92,20 @@ def merged_job(base: Base, weights: MergedWeights, max_file_bytes: int | None = 
     return Job(files, parts, extra=index_file(files))
 
 
-def _check_folder(name: str, adapter_dir: Path) -> None:
-    """A base named by path must be there; a run moved since it was trained names its old ``base/`` (an absolute path)."""
-    if Path(name).is_dir() or not name.startswith(("/", ".", "~")):
-        return
+def _base_of(name: str, adapter_dir: Path) -> str:
+    """The base to merge onto: a random-init run's adapter names its own ``base/`` by the absolute path it had when
+    trained, so a run moved or copied since merges onto the ``base/`` it carries (beside the adapter, or beside a
+    ``checkpoint-N``'s run); a relative path is read against the adapter's folder; a hub id is left to transformers."""
     own = next((p for p in (adapter_dir / "base", adapter_dir.parent / "base") if (p / "config.json").exists()), None)
-    fix = (f"the run's own base is {own}: set base_model_name_or_path to it in {adapter_dir}/adapter_config.json (the run was moved?)"
-           if own else f"set base_model_name_or_path in {adapter_dir}/adapter_config.json to the base's folder or hub id")
-    raise ConfigError(f"the adapter's base {name} (adapter_config.json: base_model_name_or_path) is not a folder; {fix}")
+    if own is not None and Path(name).name == "base" and name.startswith(("/", ".", "~")):
+        return str(own)
+    if Path(name).is_dir() or not name.startswith(("/", ".", "~")):
+        return name
+    beside = adapter_dir / name
+    if beside.is_dir():
+        return str(beside)
+    raise ConfigError(f"the adapter's base {name} (adapter_config.json: base_model_name_or_path) is not a folder; set "
+                      f"base_model_name_or_path in {adapter_dir}/adapter_config.json to the base's folder or hub id")
 
 
 def _write_config(model, folder: Path) -> None:

@@ -44,8 +44,11 @@ class ParallelConfig:
     #: that for holding their unsharded parameters at once.
     fsdp_unit_layers: int = 1
 
-    def resolve(self, world_size: int) -> "ParallelDims":
-        """Check the degrees against ``world_size``; raise ``LayoutError`` naming the numbers and the fix."""
+    def resolve(self, world_size: int, works=None) -> "ParallelDims":
+        """Check the degrees against ``world_size``; raise ``LayoutError`` naming the numbers and the fix.
+
+        ``works(ep, etp)``, where given, says whether those degrees pass every other rule (the model's expert count
+        and width, the family's splits): the fix then names only those, not every divisor of the data-parallel size."""
         for field in (*SPLIT_NAMES, "fsdp_unit_layers"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -58,9 +61,15 @@ class ParallelConfig:
             )
         dp = world_size // (self.cp * self.tp)
         if dp % (self.ep * self.etp):
+            fix = f"choose ep*etp among {divisors(dp)}"
+            if works is not None:
+                pairs = [(ep, etp) for ep in divisors(dp) for etp in divisors(dp // ep) if works(ep, etp)]
+                if pairs:
+                    shown = ", ".join(f"ep={ep} etp={etp}" for ep, etp in sorted(pairs, key=lambda p: (p[0] * p[1], p)))
+                    fix = f"choose ep*etp among {sorted({ep * etp for ep, etp in pairs})} ({shown} {'pass' if len(pairs) > 1 else 'passes'} every rule for this model)"
             raise LayoutError(
                 f"ep*etp = {self.ep}*{self.etp} = {self.ep * self.etp} does not divide the data-parallel size {dp} "
-                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); choose ep*etp among {divisors(dp)}"
+                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); {fix}"
             )
         if self.cp_attention not in CP_ATTENTION:
             raise LayoutError(f"ParallelConfig.cp_attention={self.cp_attention!r} is unknown; choose one of {list(CP_ATTENTION)}")

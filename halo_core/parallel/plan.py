@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from halo_core.hf_config import text_config
-from halo_core.errors import LayoutError
+from halo_core.errors import HaloError, LayoutError
 from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors, ep_degrees
 
 #: Config fields that hold a MoE model's expert count and its experts' intermediate width.
@@ -40,25 +40,25 @@ class LayoutPlan:
         """The splits asked for with a degree above one."""
         return {s: getattr(self.dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(self.dims, s) > 1}
 
-    def check_experts(self, where: str, num_experts: int) -> None:
-        """``ep`` must divide the experts; name the degrees that would work on this world."""
+    def check_experts(self, where: str, num_experts: int, works=None) -> None:
+        """``ep`` must divide the experts; name the degrees that would work on this world (and pass ``works(ep)``,
+        every other rule, where given)."""
         if num_experts % self.dims.ep:
-            valid = ep_degrees(num_experts, self.dims.dp, self.dims.etp)
+            valid = [ep for ep in ep_degrees(num_experts, self.dims.dp, self.dims.etp) if works is None or works(ep)]
             raise LayoutError(f"{where} has {num_experts} experts, which ep={self.dims.ep} does not divide; choose ep among {valid}")
 
-    def check_expert_width(self, where: str, width: int, itemsize: int, grouped_mm: bool) -> None:
+    def check_expert_width(self, where: str, width: int, itemsize: int, grouped_mm: bool, works=None) -> None:
         """``etp`` must divide the experts' intermediate width, and under ``grouped_mm`` each slice must keep
-        its rows 16-byte aligned."""
+        its rows 16-byte aligned; the fix names the ``etp`` that pass ``works(etp)`` (every other rule) where given."""
         etp = self.dims.etp
         if etp == 1:
             return
         if width % etp:
-            raise LayoutError(
-                f"{where}: intermediate size {width} is not divisible by expert_tensor_parallel_size etp={etp}; "
-                f"choose etp among the divisors of {width}: {divisors(width)}"
-            )
+            fix = (f"choose etp among the divisors of {width}: {divisors(width)}" if works is None else
+                   f"choose etp among {[d for d in divisors(width) if works(d)]} (the divisors of {width} that pass every rule on this world)")
+            raise LayoutError(f"{where}: intermediate size {width} is not divisible by expert_tensor_parallel_size etp={etp}; {fix}")
         if grouped_mm and (width // etp * itemsize) % GROUPED_MM_ALIGNMENT:
-            valid = [d for d in divisors(width) if (width // d * itemsize) % GROUPED_MM_ALIGNMENT == 0]
+            valid = [d for d in divisors(width) if (width // d * itemsize) % GROUPED_MM_ALIGNMENT == 0 and (works is None or works(d))]
             raise LayoutError(
                 f"{where}: expert_tensor_parallel_size etp={etp} leaves slices of {width // etp} columns "
                 f"({width // etp * itemsize} bytes at {itemsize} bytes an element), but grouped_mm needs rows of a multiple of "
@@ -83,7 +83,8 @@ def first_field(model_config, fields: tuple[str, ...]) -> int | None:
 
 
 def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, itemsize: int = 2,
-                experts_implementation: str | None = None, experts_from_config: bool = True) -> LayoutPlan:
+                experts_implementation: str | None = None, experts_from_config: bool = True,
+                trainable_splits: frozenset[str] | None = None, _suggest: bool = True) -> LayoutPlan:
     """Resolve ``config`` on ``world`` ranks for a model of ``model_config`` (``None``: a hub id not read yet)
     and check every rule that needs no module; raise ``LayoutError`` naming the numbers and the fix.
 
@@ -91,13 +92,24 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     ``experts_implementation`` the one the run asks for (``None``: the model's default).
     ``experts_from_config=False`` leaves the expert count and width to the caller, which reads
     them off every MoE block (``parallelize``: blocks may differ, and their names make the message).
+    ``trainable_splits``: the splits the caller's method trains (``None``: any); a fix suggests no other.
     """
     from halo_core.adapt import check_splits
     from halo_core.context import ParallelContext
     from halo_core.parallel.dispatch import get_dispatcher
     from halo_core.parallel.tensor_parallel import check_head_split
 
-    dims = config.resolve(world)
+    def works(ep: int, etp: int) -> bool:  # the same rules for the degrees a fix would suggest
+        if trainable_splits is not None and any(n > 1 and s not in trainable_splits for s, n in (("ep", ep), ("etp", etp))):
+            return False
+        try:
+            plan_layout(dataclasses.replace(config, ep=ep, etp=etp), model_config, registry, world, itemsize=itemsize,
+                        experts_implementation=experts_implementation, experts_from_config=experts_from_config, _suggest=False)
+        except HaloError:  # any refusal: a layout rule, the family's splits, the dispatcher
+            return False
+        return True
+
+    dims = config.resolve(world, works if _suggest else None)
     if config.fsdp_unit_layers > 1 and not config.fsdp:
         raise LayoutError(
             f"fsdp_unit_layers={config.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two"
@@ -123,9 +135,9 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     if model_config is not None and experts_from_config:
         experts = first_field(model_config, EXPERT_COUNT_FIELDS)
         if experts and dims.ep > 1:
-            plan.check_experts("the model", experts)
+            plan.check_experts("the model", experts, (lambda ep: works(ep, dims.etp)) if _suggest else None)
         width = first_field(model_config, EXPERT_WIDTH_FIELDS)
         if width:
             implementation = experts_implementation or getattr(model_config, "_experts_implementation", None)
-            plan.check_expert_width("the experts", width, itemsize, uses_grouped_mm(implementation))
+            plan.check_expert_width("the experts", width, itemsize, uses_grouped_mm(implementation), (lambda etp: works(dims.ep, etp)) if _suggest else None)
     return plan

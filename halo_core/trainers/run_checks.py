@@ -175,16 +175,53 @@ def quantization_of(folder: Path) -> str | None:
     return None if not settings else repr(settings.get("quant_method", "?")) if isinstance(settings, dict) else "?"
 
 
+#: How long the launcher waits for the hub to say whether it serves an id not in the cache, name resolution included
+#: (without a network every rank's from_pretrained would otherwise retry for about a minute, then fail).
+HUB_PROBE_SECONDS = 10.0
+
+
+def hub_refusal(repo_id: str) -> str | None:
+    """``None`` where the hub serves ``repo_id``'s config.json (a HEAD request, the token huggingface_hub finds); else
+    why not, in one line: unknown or gated id, no network, or no answer in ``HUB_PROBE_SECONDS``."""
+    import threading
+
+    import huggingface_hub
+
+    answer: list[str | None] = []
+
+    def probe() -> None:
+        try:
+            huggingface_hub.get_hf_file_metadata(huggingface_hub.hf_hub_url(repo_id, "config.json"), timeout=HUB_PROBE_SECONDS)
+            answer.append(None)
+        except Exception as exc:  # the hub's own errors (404, 401, gated) and the network's
+            first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
+            answer.append(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+
+    thread = threading.Thread(target=probe, daemon=True)  # a name lookup may outlast the request's own timeout
+    thread.start()
+    thread.join(HUB_PROBE_SECONDS)
+    return answer[0] if answer else f"no answer from {huggingface_hub.constants.ENDPOINT} in {HUB_PROBE_SECONDS:g} s"
+
+
+def looked_for(value: str, yaml_folder: Path) -> tuple[str, str]:
+    """(where a model path was looked for, the fix): an absolute path only where it points; a relative one next to the
+    YAML file and under the current folder, each folder named once (they are often the same)."""
+    if Path(value).is_absolute():
+        return "no such folder", "give the full path of the folder that holds config.json"
+    folders = list(dict.fromkeys(str(folder) for folder in (yaml_folder, Path.cwd().resolve())))
+    return f"looked in {' and '.join(folders)}", "give the folder that holds config.json relative to the YAML file or the current folder, or its full path"
+
+
 def check_model_source(run: RunConfig) -> None:
-    """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached when offline."""
+    """A local model folder, or a hub id that ``from_pretrained`` can resolve: well-formed, and cached, or (not offline)
+    served by the hub, found out here rather than by every rank's ``from_pretrained`` after a minute of retries."""
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.errors import HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
     value = run.halo.model_name_or_path
     where = f"{run.source}: model_name_or_path {value!r}"
-    looked = f"looked in {Path(run.source).resolve().parent} and {Path.cwd()}"
-    fix = "give its folder relative to the YAML file or the current folder"
+    looked, fix = looked_for(value, Path(run.source).resolve().parent)
     path = Path(value)
     if path.is_dir():
         quantized = quantization_of(path)
@@ -194,7 +231,7 @@ def check_model_source(run: RunConfig) -> None:
                               f"then save_pretrained in bf16), or use the unquantised release")
         return
     if path.exists():
-        raise ConfigError(f"{where} is a file; {fix}: the folder that holds config.json")
+        raise ConfigError(f"{where} is a file; {fix}")
     if value.startswith((".", "/", "~")) or value.count("/") > 1 or "\\" in value:  # a hub id has at most one "/"
         tilde = " (~ is not expanded: write the full path)" if value.startswith("~") else ""
         raise ConfigError(f"{where} is not a local folder ({looked}){tilde}; {fix}")
@@ -202,10 +239,17 @@ def check_model_source(run: RunConfig) -> None:
         validate_repo_id(value)
     except HFValidationError as exc:
         raise ConfigError(f"{where} is neither a local folder ({looked}) nor a hub id ({_one_line(exc)}); {fix}, or a hub id 'namespace/name'") from None
-    if not constants.is_offline_mode():
-        return  # from_pretrained downloads it
     if isinstance(try_to_load_from_cache(value, "config.json"), str):
-        return
+        return  # from_pretrained reads the cache (online, it falls back to it where the hub does not answer)
+    if not constants.is_offline_mode():
+        reason = hub_refusal(value)
+        if reason is None:
+            return  # from_pretrained downloads it
+        raise ConfigError(
+            f"{where} is neither a local folder ({looked}) nor in the Hugging Face cache {constants.HF_HUB_CACHE}, and the hub "
+            f"does not serve it ({reason}); check the id and the network, run `hf download {value}` where the hub is "
+            f"reachable, or {fix}"
+        )
     raise ConfigError(
         f"{where} is neither a local folder ({looked}) nor in the Hugging Face cache {constants.HF_HUB_CACHE}, and the hub "
         f"is offline (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE); {fix}, or run `hf download {value}` while online first"

@@ -113,7 +113,8 @@ def _datasets(raw: Any, base: Path, where: str, field: str = "dataset") -> list[
         if local.exists():
             entry = {**entry, "path": str(local.resolve())}
         elif Path(entry["path"]).suffix in {".jsonl", ".json", ".parquet"} or entry["path"].startswith((".", "/")):
-            raise ConfigError(f"{where}: {field}[{index}].path {entry['path']!r} does not exist (looked in {base} and the current folder)")
+            looked = "no such file or folder" if Path(entry["path"]).is_absolute() else f"looked in {base.resolve()}, the YAML file's folder"
+            raise ConfigError(f"{where}: {field}[{index}].path {entry['path']!r} does not exist ({looked})")
         sources.append(DatasetSource(**entry))
     return sources
 
@@ -185,7 +186,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     itemsize = 2 if _trains_in_bf16(run, world_size) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
-                           experts_implementation=run.halo.experts_implementation)
+                           experts_implementation=run.halo.experts_implementation, trainable_splits=get_method(run.method).splits)
     except HaloError as exc:
         raise ConfigError(f"{run.source}: {_in_run_fields(str(exc))}") from None
     dims = plan.dims
