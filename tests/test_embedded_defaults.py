@@ -33,3 +33,19 @@ def test_the_embedded_default_moves_its_metric(method, tmp_path):
     assert len(training) == 2 and all(0 <= e["moe/dead_experts"] <= 1 and e["moe/load_max"] >= 1 and "moe/load_cv" in e for e in training)
     assert len((out / "moe_load.jsonl").read_text().splitlines()) == 2
     assert (out / "model.safetensors").exists() or any(out.glob("model-*.safetensors"))
+
+
+@pytest.mark.parametrize("method, config", [("grpo", "tiny-grpo.yaml"), ("sdpg", "tiny-sdpg.yaml")])
+def test_the_rl_defaults_learn_their_reward(method, config, tmp_path):
+    """The GRPO and SDPG defaults must show a user learning, not noise: over their first 40 steps (a third of the
+    default's, where `brevity` is learned) the mean reward of the last quarter of logged steps beats the first
+    quarter's by 0.4 (about 0.2 against 0.9 measured; the full run ends near 2.0)."""
+    out = tmp_path / "run"
+    result = run_halo("launch", method, str(CONFIGS / config), "--nproc", "2", "--", f"--output_dir={out}",
+                      "--max_steps=40", "--logging_steps=5", "--save_steps=40", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    state = json.loads((out / "checkpoint-40" / "trainer_state.json").read_text())
+    rewards = [e["reward"] for e in state["log_history"] if "reward" in e]
+    assert len(rewards) == 8, rewards
+    first, last = sum(rewards[:2]) / 2, sum(rewards[-2:]) / 2
+    assert last > first + 0.4, rewards
