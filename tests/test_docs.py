@@ -94,6 +94,15 @@ def test_halo_families_contract_rewrites_only_the_marked_sections(tmp_path):
     assert refused.returncode == 2 and "halo-contract:family" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
 
 
+def test_the_lora_page_names_every_registered_method():
+    """lora.md's opening list of methods is written by hand beside the generated matrix, which gives every method a
+    LoRA column: a method added without it would leave the page claiming fewer."""
+    from halo_core.trainers.method import known_methods
+
+    named = re.search(r"`halo launch ([a-z|-]+)`", (ROOT / "agent-docs" / "lora.md").read_text())
+    assert named and sorted(named[1].split("|")) == known_methods(), named and named[1]
+
+
 def test_method_matrix_page_matches_the_registered_methods():
     from halo_core.matrix import render_methods
 

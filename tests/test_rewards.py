@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from halo_core.rl.rewards import RewardError, checked, code_tests, exact_answer, number_format
+from halo_core.rl.rewards import RewardError, brevity, checked, code_tests, exact_answer, number_format
 
 
 def test_exact_answer_reads_the_last_number_of_text_or_conversational_completions():
@@ -14,6 +14,10 @@ def test_exact_answer_reads_the_last_number_of_text_or_conversational_completion
 
 def test_number_format_wants_one_number_alone():
     assert number_format(None, ["42", " -7 ", "42 apples", "4 2"]) == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_brevity_scores_two_tokens_whole_and_longer_completions_by_2_over_length():
+    assert brevity(None, ["a", "b", "c", "d"], completion_ids=[[5], [5, 3], [5, 6, 7, 3], list(range(12))]) == [1.0, 1.0, 0.5, 2 / 12]
 
 
 def test_code_tests_pass_fail_time_out_and_run_out_of_memory():

@@ -54,7 +54,7 @@ class HaloGRPOConfig(GRPOConfig):
     """``GRPOConfig`` plus what picks the rollouts and rewards."""
 
     reward_funcs: list[str] = field(default_factory=list, metadata={
-        "help": "Reward functions by name: the halo.rewards group (exact_answer, number_format, code_tests), TRL's trl.rewards "
+        "help": "Reward functions by name: the halo.rewards group (exact_answer, close_answer, equation_format, number_format, brevity, code_tests), TRL's trl.rewards "
                 "names, or dotted import paths (my_lib.rewards.f). Required."})
     rollout_engine: str = field(default="hf", metadata={"help": "The rollout engine (halo.rollout_engines): hf generates in process on the laid-out model."})
     routing_replay: bool = field(default=True, metadata={

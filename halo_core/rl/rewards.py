@@ -13,6 +13,8 @@ Built-ins:
   and nothing else, else 0.0.
 - ``number_format``: 1.0 when the completion is one number and nothing else (an answer the parser reads
   without guessing), else 0.0.
+- ``brevity``: ``min(1, 2 / tokens)`` of the completion (its end token counted): 1.0 for one token and the end, an
+  answer's shape a random-init policy finds within a minute once a few of its completions stop early.
 - ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
   (assert statements) in a fresh Python subprocess under a time and a memory limit (``halo_core.rl.sandbox``); 1.0
   when every test passes.
@@ -75,6 +77,10 @@ def equation_format(prompts, completions, **kwargs) -> list[float]:
 
 def number_format(prompts, completions, **kwargs) -> list[float]:
     return [1.0 if _NUMBER.fullmatch(text(c).strip()) else 0.0 for c in completions]
+
+
+def brevity(prompts, completions, completion_ids, **kwargs) -> list[float]:
+    return [min(1.0, 2.0 / max(len(ids), 1)) for ids in completion_ids]
 
 
 def code_tests(prompts, completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, **kwargs) -> list[float]:

@@ -8,7 +8,7 @@ preference, KTO and classification sets pose the same sums with a right answer (
 desirable, label 1) and a hedged one off by 1 to 9 (rejected, undesirable, label 0), in
 TRL's formats; the hedge is a signal a tiny random-init model finds within a minute (the
 arithmetic alone it does not), so every method's metric visibly moves. GRPO's prompts carry their
-answer (the ``exact_answer`` reward); offline GRPO's groups carry four scored completions each.
+answer (SDPG's hint; ``exact_answer`` for runs of your own: the GRPO default rewards only an answer's shape); offline GRPO's groups carry four scored completions each.
 """
 
 from __future__ import annotations
