@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from halo_core.family import SPLITS
@@ -30,8 +31,13 @@ def list_families(
     if as_json:
         typer.echo(json.dumps([r.as_json() for r in registry.records], indent=2))
     else:
-        console.print(_table(registry))
-        console.print(UNCLAIMED_FOOTER, style="dim")
+        table = _table(registry)
+        out = console
+        if not console.is_terminal:  # a log or a pipe: as wide as the table, so no name is cut to "cohere2…"
+            widest = Measurement.get(console, console.options.update_width(10_000), table).maximum
+            out = Console(width=max(console.width, widest))
+        out.print(table)
+        out.print(UNCLAIMED_FOOTER, style="dim")
     if (strict or strict_from_env()) and registry.broken:
         names = ", ".join(r.name for r in registry.broken)
         typer.echo(f"strict mode: broken plugins: {names}", err=True)

@@ -73,10 +73,11 @@ class Scaffold:
     replaces: str | None
 
     def next_steps(self) -> str:
-        """The commands to run next, with the pip of the environment ``halo`` runs in (a bare ``pip`` may be another's)."""
-        pip = f"{shlex.quote(sys.executable)} -m pip"
-        steps = [f"{pip} uninstall -y {self.replaces}"] if self.replaces else []
-        steps += [f"{pip} install -e {shlex.quote(str(self.path))}", f"halo families show {self.family}"]
+        """The commands to run next, through the interpreter ``halo`` runs in: a bare ``pip`` may be another
+        environment's, and a bare ``halo`` is not on PATH unless that environment is activated."""
+        python = shlex.quote(sys.executable)
+        steps = [f"{python} -m pip uninstall -y {self.replaces}"] if self.replaces else []
+        steps += [f"{python} -m pip install -e {shlex.quote(str(self.path))}", f"{python} -m halo_cli families show {self.family}"]
         return " && ".join(steps)
 
 

@@ -1,6 +1,7 @@
 """The `halo` command as a user runs it: a fresh interpreter, real entry points, real pip installs."""
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -32,10 +33,14 @@ def test_list_json_shows_the_bundled_families():
         assert rows[name]["splits"] == ["cp", "ep", "etp", "tp"]
 
 
-def test_list_table_has_the_matrix_and_the_plain_route_footer():
-    result = run_halo("families", "list", env={"COLUMNS": "200"})
+def test_list_table_has_the_matrix_and_the_plain_route_footer_with_whole_names_in_a_narrow_pipe():
+    """Captured output is a pipe (a CI log): every name is printed whole, however narrow COLUMNS says it is."""
+    result = run_halo("families", "list", env={"COLUMNS": "60"})
     assert result.returncode == 0
-    assert "qwen3-moe" in result.stdout and "gpt_oss" in result.stdout and "FSDP2 route" in result.stdout
+    assert "FSDP2 route" in result.stdout and "…" not in result.stdout
+    cells = {cell.strip() for line in result.stdout.splitlines() for cell in line.split("│")}
+    for name, row in listing().items():
+        assert {name, row["distribution"], ", ".join(row["model_types"])} <= cells, name
 
 
 def test_broken_plugin_is_listed_and_strict_fails(plugin_site):
@@ -122,7 +127,7 @@ def test_new_family_replace_writes_a_plugin_to_install_instead_with_this_environ
     assert result.returncode == 0, result.stderr
     project = tmp_path / "halo-plugin-my-olmoe"
     pip = f"{sys.executable} -m pip"
-    assert f"next: {pip} uninstall -y halo-plugin-olmoe && {pip} install -e {project} && halo families show my-olmoe" in result.stdout
+    assert f"next: {pip} uninstall -y halo-plugin-olmoe && {pip} install -e {project} && {sys.executable} -m halo_cli families show my-olmoe" in result.stdout
     assert "meant to be installed instead of `halo-plugin-olmoe`" in (project / "README.md").read_text()
     assert "model_types=('olmoe',)" in (project / "halo_plugin_my_olmoe" / "__init__.py").read_text()
 
@@ -132,7 +137,7 @@ def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugi
     result = run_halo("new-family", "my-moe", "--model-type", "solar_open", "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     project = tmp_path / "halo-plugin-my-moe"
-    assert f"next: {sys.executable} -m pip install -e {project} && halo families show my-moe" in result.stdout
+    assert f"next: {sys.executable} -m pip install -e {project} && {sys.executable} -m halo_cli families show my-moe" in result.stdout
     source = (project / "halo_plugin_my_moe" / "__init__.py").read_text()
     assert "router='gate'" in source and "SolarOpenForCausalLM" in source and "splits=frozenset({'ep'})" in source
     install = subprocess.run(
@@ -143,6 +148,8 @@ def test_scaffold_installs_with_pip_is_listed_and_its_tests_pass(tmp_path, plugi
     rows = listing()
     assert rows["my-moe"]["status"] == "ok" and rows["my-moe"]["distribution"] == "halo-plugin-my-moe"
     assert rows["my-moe"]["model_types"] == ["solar_open"]
+    show = subprocess.run(shlex.split(result.stdout.splitlines()[-1].split(" && ")[-1]), capture_output=True, text=True)  # as printed, no PATH needed
+    assert show.returncode == 0 and "solar_open" in show.stdout, show.stdout + show.stderr
     tests = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
         capture_output=True, text=True, cwd=project,
