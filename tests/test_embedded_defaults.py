@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_halo
+from launch_kit import noise_in
 
 CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
 #: method -> (its bundled config, the logged metric, whether it must rise)
@@ -26,6 +27,7 @@ def test_the_embedded_default_moves_its_metric(method, tmp_path):
     result = run_halo("launch", method, str(CONFIGS / config), "--nproc", "2", "--", f"--output_dir={out}",
                       "--max_steps=8", "--logging_steps=4", "--save_steps=8", "--warmup_steps=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not noise_in(result.stdout + result.stderr)  # DPO's default printed eight checkpointing FutureWarnings
     state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
     values = [e[key] for e in state["log_history"] if key in e and "train_runtime" not in e]
     assert len(values) == 2 and (values[1] > values[0] if rises else values[1] < values[0]), values
@@ -44,6 +46,7 @@ def test_the_grpo_default_learns_its_reward(tmp_path):
     result = run_halo("launch", "grpo", str(CONFIGS / "tiny-grpo.yaml"), "--nproc", "2", "--", f"--output_dir={out}",
                       "--max_steps=40", "--logging_steps=5", "--save_steps=40", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not noise_in(result.stdout + result.stderr)
     state = json.loads((out / "checkpoint-40" / "trainer_state.json").read_text())
     rewards = [e["reward"] for e in state["log_history"] if "reward" in e]
     assert len(rewards) == 8, rewards

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, console, launch, logged, noise_in, weights, write_run
 
 AUX = ["--router_aux_loss_coef=0.5"]  # after launch_kit.COMMON's 0.0, so it wins
 
@@ -97,6 +97,8 @@ def test_split_logs_the_single_process_losses_and_ends_on_its_weights(single, ru
         assert logged(out, key) == pytest.approx(logged(reference, key), abs=1e-5, rel=0), key
     assert logged(out, "num_tokens") == logged(reference, "num_tokens")
     assert max(logged(reference, "kl")) > 0  # the KL term is live, so its pairing is under test
+    # TRL's default activation checkpointing, passed under transformers 5's name: none of its deprecation warnings
+    assert not noise_in(console(out).read_text())
     expected = weights(reference)
     for key, tensor in weights(out).items():
         assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)

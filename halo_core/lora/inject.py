@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import re
 from dataclasses import dataclass
 
 import torch
@@ -136,11 +137,29 @@ def plan_targets(model: nn.Module, config) -> Targets:
     return Targets(dense, experts, tuple(config.modules_to_save or ()), tuple(order))
 
 
-def inject_dense(model: nn.Module, dense_config) -> None:
+def _inject(config, model: nn.Module, names: list[str]) -> None:
+    """One call of stock PEFT's ``inject_adapter_in_model`` among the several a model may take (dense modules, each
+    plain targeted parameter), each as if it were the model's first.
+
+    PEFT checks each call's ``rank_pattern``/``alpha_pattern`` keys against what that call adapts and warns of the
+    rest as "ignored": keys for the fused experts (PEFT's conversion adds ``.*\\.gate_up_proj``) are read by Halo's
+    grouped LoRA (``_rank_and_alpha``), not ignored, so each call gets only the keys matching one of ``names`` (what
+    it may adapt). A model already holding ``peft_config`` (an earlier call's) makes PEFT warn of "multiple adapters";
+    there is one adapter, so the earlier record is set aside for the call."""
     from peft import inject_adapter_in_model
 
+    def kept(pattern: dict) -> dict:
+        return {k: v for k, v in pattern.items() if any(re.match(rf"(.*\.)?({k})$", name) for name in names)}
+
+    config = dataclasses.replace(config, rank_pattern=kept(config.rank_pattern or {}), alpha_pattern=kept(config.alpha_pattern or {}))
+    model.__dict__.pop("peft_config", None)
+    inject_adapter_in_model(config, model)
+
+
+def inject_dense(model: nn.Module, dense_config) -> None:
+    names = [name for name, _ in model.named_modules() if name]
     try:
-        inject_adapter_in_model(dense_config, model)
+        _inject(dense_config, model, names)
     except ValueError as exc:  # PEFT: targets not found, or a module it cannot adapt
         targets = dense_config.target_modules
         shown = targets if isinstance(targets, str) or targets is None else sorted(targets)
@@ -197,10 +216,9 @@ def inject_parameter(model: nn.Module, config, key: str) -> None:
     """A plain targeted parameter (the router's weight) through stock PEFT's ``ParamWrapper``; without dropout,
     which it cannot apply (its delta is added to the weight): stock PEFT refuses the run instead (TRL's
     default ``lora_dropout`` is 0.05), Halo keeps dropout on every other adapter."""
-    from peft import inject_adapter_in_model
-
     try:
-        inject_adapter_in_model(dataclasses.replace(config, target_modules=[], target_parameters=[key], modules_to_save=None, lora_dropout=0.0), model)
+        _inject(dataclasses.replace(config, target_modules=[], target_parameters=[key], modules_to_save=None, lora_dropout=0.0),
+                model, [key.rsplit(".", 1)[0], key])
     except ValueError as exc:
         raise LoraError(f"lora_target_parameters: {key}: {' '.join(str(exc).split())}") from None
 
@@ -269,6 +287,8 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
             if is_experts(module):
                 shards.setdefault(name, _ensure_shard(module))
         model.set_experts_implementation(IMPLEMENTATION)
+    if "peft_config" in model.__dict__:
+        model.peft_config = {"default": config}  # the run's one adapter, as PEFT records it (not the last call's part of it)
     _train_whole(model, targets.modules_to_save)
     adapters = Adapters(config, dict(targets.experts), dense, base_model)
     attach(model, dataclasses.replace(

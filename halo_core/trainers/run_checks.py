@@ -308,7 +308,9 @@ def _build(config_class: type, fields: dict, world: int = 1):
         config_class = type(config_class.__name__, (config_class,), {"world_size": property(lambda self: world)})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the worker shows the config's own warnings once it builds it
-        return config_class(**{**fields, "use_cpu": True})
+        from halo_core.trainers.runtime import checkpointing_named
+
+        return config_class(**checkpointing_named(config_class, {**fields, "use_cpu": True}))
 
 
 def _culprit(config_class: type, fields: dict, world: int = 1) -> str | None:

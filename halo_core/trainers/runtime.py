@@ -30,7 +30,22 @@ def method_args(config_class, fields: dict):
     """The method's TRL/transformers config; without a GPU it runs on the CPU (gloo) automatically."""
     if not torch.cuda.is_available():
         fields = {"use_cpu": True, **fields}
-    return config_class(**fields)
+    return config_class(**checkpointing_named(config_class, fields))
+
+
+def checkpointing_named(config_class, fields: dict) -> dict:
+    """``fields`` with TRL's default for activation checkpointing passed under transformers 5's name.
+
+    TRL's configs default the deprecated ``gradient_checkpointing`` to True (on, as TRL intends) and leave
+    ``activation_checkpointing`` unset; transformers then copies the old name over with a FutureWarning on every
+    rank. Passing the same value under the new name keeps TRL's behaviour and its warning away; a run that sets
+    either name itself is passed on as written (setting the old name still warns, as it should)."""
+    import dataclasses
+
+    if "activation_checkpointing" in fields or "gradient_checkpointing" in fields:
+        return fields
+    default = {f.name: f.default for f in dataclasses.fields(config_class)}.get("gradient_checkpointing")
+    return fields if default is None else {**fields, "activation_checkpointing": default}
 
 
 def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels: int | None = None, pad_token_id: int | None = None):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,7 @@ def main(spec: dict) -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     run = RunConfig.from_json(spec)
     _interrupt_once()
+    _quiet_trl_aliases()
     try:
         get_method(run.method).run(run)
     except stopping.RunStopped as stopped:
@@ -33,6 +35,15 @@ def main(spec: dict) -> None:
         dist.barrier()
         dist.destroy_process_group()
     finish()  # the exit handlers (trackers, logging) run here: multiprocessing ends the process with ``os._exit``
+
+
+def _quiet_trl_aliases() -> None:
+    """TRL's ``disable_gradient_checkpointing`` (DPO, KTO and GRPO score with the policy under it) calls transformers
+    5's deprecated ``is_gradient_checkpointing``, ``gradient_checkpointing_disable`` and ``gradient_checkpointing_enable``,
+    each a FutureWarning on every rank and call. They are transformers' own aliases of the ``activation_checkpointing``
+    ones and do the same; the warning is for TRL's authors, not a run's user. Only these three names are filtered."""
+    warnings.filterwarnings("ignore", message=r"`(is_gradient_checkpointing|gradient_checkpointing_(enable|disable))` is deprecated",
+                            category=FutureWarning)
 
 
 def _interrupt_once() -> None:
