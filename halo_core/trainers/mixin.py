@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, evaluation, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
+from halo_core.trainers.parts import checkpoint, console, evaluation, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -62,6 +62,7 @@ class DistributedTrainerMixin:
         self._halo_pending = None  # an asynchronous checkpoint still being written (checkpoint.AsyncSave)
         self._halo_owed = 1.0  # what the gradients still owe the data-parallel average (sync_gradients)
         super().__init__(*args, **kwargs)
+        console.install(self)  # the console's log line wrapped (GRPO's ran past 1,200 characters); the logs themselves unchanged
         self._halo_nan_filter = self.args.logging_nan_inf_filter  # applied on the device (parts.nan_filter)
         self.args.logging_nan_inf_filter = False
         self._halo_moe = moe_load.install(self._halo_laid_out, layout_of(self.model))  # tokens per expert (parts.moe_load)
