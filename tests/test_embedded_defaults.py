@@ -36,6 +36,8 @@ def test_the_embedded_default_moves_its_metric(method, tmp_path):
     assert len(training) == 2 and all(0 <= e["moe/dead_experts"] <= 1 and e["moe/load_max"] >= 1 and "moe/load_cv" in e for e in training)
     assert len((out / "moe_load.jsonl").read_text().splitlines()) == 2
     assert (out / "model.safetensors").exists() or any(out.glob("model-*.safetensors"))
+    if method == "dpo":  # TRL's card, its base sentence saying what the random-init run started from (not "[None]")
+        assert "trained from a random initialisation of the configuration in" in (out / "README.md").read_text()
 
 
 def test_the_grpo_default_learns_its_reward(tmp_path):

@@ -14,7 +14,7 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
-from halo_core.trainers.parts import checkpoint, console, evaluation, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
+from halo_core.trainers.parts import checkpoint, console, evaluation, model_card, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
 from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
@@ -188,6 +188,11 @@ class DistributedTrainerMixin:
                 logs["nonfinite_skips"] = self._halo_steps.skipped
             moe_load.log(self, logs)
         return super().log(logs, *args, **kwargs)
+
+    def create_model_card(self, *args, **kwargs):
+        super().create_model_card(*args, **kwargs)
+        if self.is_world_process_zero():  # TRL writes the card on rank 0 only; it has no hub id for a random or local start
+            model_card.rewrite(os.path.join(self.args.output_dir, "README.md"), self._halo_laid_out)
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from halo_core.parallel.config import ParallelConfig
 from halo_core.trainers.arguments import HaloArguments
+from halo_core.trainers.parts import model_card
 
 
 def init_distributed(timeout_s: float | None = None) -> None:
@@ -72,6 +73,7 @@ def build_model(halo: HaloArguments, args, parallel: ParallelConfig, num_labels:
         with device:
             model = build_from_config(model_class_for(config, sequence_classification=num_labels is not None),
                                       config, dtype=dtype, **({"experts_implementation": experts} if experts else {}))
+        model_card.mark_random_init(model)  # the card names its start (parts/model_card.py)
     else:
         model = from_pretrained(halo.model_name_or_path, parallel, dtype=dtype, device=device, experts_implementation=experts,
                                 num_labels=num_labels, pad_token_id=pad_token_id, seed=args.seed)
