@@ -61,12 +61,14 @@ RANGES = tuple(Range(*rule) for rule in (
 ))
 
 
-def check_run(run: RunConfig, world: int = 1) -> None:
+def check_run(run: RunConfig, world: int = 1, model_source: bool = True) -> None:
     """Refuse what every rank would fail on (``world``: the launch's process count); ``check_layout`` then checks the
-    parallel layout."""
+    parallel layout. ``model_source=False``: leave the model's source alone (``halo plan`` reads a config beside the
+    YAML for a hub id that is not cached)."""
     from halo_core.trainers.method import get_method
 
-    check_model_source(run)
+    if model_source:
+        check_model_source(run)
     args = method_config(run, world)
     check_ranges(run, args)
     method = get_method(run.method)
