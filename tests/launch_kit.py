@@ -89,13 +89,21 @@ def write_run(folder: Path, kind: str, extra: str = "") -> Path:
     return config
 
 
-def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON) -> Path:
+def launch_overrides(output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON) -> list[str]:
+    """The fields ``launch`` passes after ``--``."""
+    return [f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch or GLOBAL_BATCH // nproc}", *common, *args]
+
+
+def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON,
+           env: dict | None = None) -> Path:
     """``halo launch METHOD`` on ``nproc`` processes; the global batch is ``GLOBAL_BATCH`` in every layout.
-    ``common``: ``COMMON``, or ``HEAD_COMMON`` for methods whose config has no ``router_aux_loss_coef``."""
-    batch = batch or GLOBAL_BATCH // nproc
+    ``common``: ``COMMON``, or ``HEAD_COMMON`` for methods whose config has no ``router_aux_loss_coef``; ``env``: more
+    environment variables for the launch."""
+    import os
+
     command = [sys.executable, "-m", "halo_cli", "launch", method, str(config), "--nproc", str(nproc), "--",
-               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *common, *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
+               *launch_overrides(output_dir, nproc, *args, batch=batch, common=common)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600, env={**os.environ, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return output_dir
 

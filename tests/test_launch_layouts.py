@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from halo_core.testing.compare import assert_close
-from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, launch as launch_method, logged, weights, write_run
+from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, launch as launch_method, launch_overrides, logged, weights, write_run
 
 #: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
 #: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
@@ -25,7 +25,28 @@ AUX = "--router_aux_loss_coef=0.1"
 
 
 def launch(config, output_dir, nproc, *args):
-    return launch_method("sft", config, output_dir, nproc, *args, AUX)
+    """Each launch also writes every rank's actual tensor bytes after its first step (``parts/tensor_bytes``), and
+    ``halo plan``'s figures for the same YAML and fields must equal them, rank by rank."""
+    from halo_core.trainers.parts.tensor_bytes import ENV
+
+    out = launch_method("sft", config, output_dir, nproc, *args, AUX, env={ENV: str(output_dir.parent / "tensor-bytes")})
+    assert_planned(config, output_dir, nproc, [*args, AUX])
+    return out
+
+
+def assert_planned(config: Path, output_dir: Path, nproc: int, args: list[str]) -> None:
+    """The planner's parameter, gradient and optimizer bytes of each rank are that rank's real tensors' bytes."""
+    from halo_cli.plan import figures, model_config
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    method = get_method("sft")
+    run = load_run_config("sft", method.config_class, config, parse_overrides(launch_overrides(output_dir, nproc, *args)))
+    found, _ = model_config(run)
+    for rank in range(nproc):
+        actual = json.loads((output_dir.parent / "tensor-bytes" / f"rank-{rank}.json").read_text())
+        planned = figures(run, nproc, found, gpu_bytes=2**40, ranks=(rank,))["per_gpu"]
+        assert {k: planned[k] for k in actual} == actual, f"rank {rank} of {nproc} ({' '.join(args)})"
 
 #: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {
