@@ -12,6 +12,8 @@ import typer
 from halo_core.errors import ConfigError
 
 GIB = 1024**3
+#: transformers 5's name for gradient checkpointing (``gradient_checkpointing`` is its deprecated alias).
+CHECKPOINTING = "activation_checkpointing"
 #: The memory a GPU is taken to have where neither ``--gpu-memory`` nor a local GPU says (an H100's 80 GB).
 DEFAULT_GPU_GIB = 80.0
 #: Launches larger than this are planned on their first and last ranks only (the first holds the most: FSDP2 gives
@@ -93,7 +95,7 @@ def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=N
     per_rank = []
     name, (per_element, per_tensor), known = _optimizer(run, args)
     itemsize = dtype.itemsize
-    checkpointing = bool(getattr(args, "gradient_checkpointing", False))
+    checkpointing = bool(getattr(args, CHECKPOINTING, False))
     acts = memory_plan.activations(config, _tokens(args, dims.cp), itemsize, tp=dims.tp, etp=dims.etp,
                                    checkpointing=checkpointing, budget=run.halo.activation_memory_budget)
     reference = run.method in memory_plan.REFERENCE and memory_plan.REFERENCE[run.method](args)
@@ -159,7 +161,7 @@ def suggestions(run, world: int, config, gpu_bytes: int) -> list[dict]:
                         for checkpointing in (False, True):
                             halo = dataclasses.replace(fields, expert_parallel_size=ep, expert_tensor_parallel_size=etp,
                                                        tensor_parallel_size=tp, context_parallel_size=cp, shard_parameters=shard)
-                            candidate = dataclasses.replace(run, halo=halo, trainer={**run.trainer, "gradient_checkpointing": checkpointing})
+                            candidate = dataclasses.replace(run, halo=halo, trainer={**run.trainer, CHECKPOINTING: checkpointing})
                             try:
                                 got = figures(candidate, world, config, gpu_bytes=gpu_bytes, ranks=(0,), rank_cache=cache)
                             except (HaloError, ValueError):

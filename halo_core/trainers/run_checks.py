@@ -189,8 +189,10 @@ def check_model_source(run: RunConfig) -> None:
     fix = "give its folder relative to the YAML file or the current folder"
     path = Path(value)
     if path.is_dir():
+        from halo_core.parallel.loading import DEQUANTISED_ON_LOAD
+
         quantized = quantization_of(path)
-        if quantized:
+        if quantized and quantized.strip("'") not in DEQUANTISED_ON_LOAD:  # MXFP4 (gpt-oss): dequantised to bf16 on load
             raise ConfigError(f"{where} is a quantised checkpoint (config.json: quantization_config {quantized}); Halo trains the "
                               f"unquantised weights and reads no quantised ones: dequantise it first (transformers' from_pretrained, "
                               f"then save_pretrained in bf16), or use the unquantised release")
