@@ -1,5 +1,7 @@
 """``HALO_TENSOR_BYTES=FOLDER``: each rank writes its actual parameter, gradient and optimizer-state bytes after the
-first optimizer step to ``FOLDER/rank-R.json``, the figures ``halo plan`` is held to (``tests/test_launch_layouts.py``)."""
+first optimizer step to ``FOLDER/rank-R.json``, the figures ``halo plan`` is held to (``tests/test_launch_layouts.py``),
+and on a GPU its ``torch.cuda.max_memory_allocated`` at the end of training to ``FOLDER/rank-R-peak.json``
+(``bench/plan_vs_peak.py``)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,15 @@ class Report(TrainerCallback):
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"rank-{rank()}.json").write_text(json.dumps(tensor_bytes(self.trainer._halo_laid_out, optimizer)))
         self.done = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        import torch
+
+        from halo_core.trainers.parts.checkpoint import rank
+
+        if torch.cuda.is_available():
+            peak = {"max_memory_allocated": torch.cuda.max_memory_allocated(), "max_memory_reserved": torch.cuda.max_memory_reserved()}
+            (self.folder / f"rank-{rank()}-peak.json").write_text(json.dumps(peak))
 
 
 def attach(trainer) -> None:
