@@ -45,6 +45,7 @@ def assert_planned(config: Path, output_dir: Path, nproc: int, args: list[str]) 
     found, _ = model_config(run)
     for rank in range(nproc):
         actual = json.loads((output_dir.parent / "tensor-bytes" / f"rank-{rank}.json").read_text())
+        assert actual["parameters"] > 0 and actual["gradients"] > 0, actual  # a step ran with gradients held
         planned = figures(run, nproc, found, gpu_bytes=2**40, ranks=(rank,))["per_gpu"]
         assert {k: planned[k] for k in actual} == actual, f"rank {rank} of {nproc} ({' '.join(args)})"
 
