@@ -18,7 +18,7 @@ CHECKPOINTING = "activation_checkpointing"
 DEFAULT_GPU_GIB = 80.0
 #: Launches larger than this are planned on their first and last ranks only (the first holds the most: FSDP2 gives
 #: the first ranks the larger shards of an uneven split, and every other split is even).
-ALL_RANKS_UP_TO = 16
+ALL_RANKS_UP_TO = 4
 
 
 def _method(config: Path, method: str | None) -> str:
@@ -90,7 +90,7 @@ def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=N
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     parallel = run.halo.parallel_config()
     registry = discover()
-    chosen = ranks if ranks is not None else (range(world) if world <= ALL_RANKS_UP_TO else (0, world - 1))
+    chosen = tuple(ranks if ranks is not None else (range(world) if world <= ALL_RANKS_UP_TO else (0, world - 1)))
     cache = rank_cache if rank_cache is not None else {}
     per_rank = []
     name, (per_element, per_tensor), known = _optimizer(run, args)
@@ -102,10 +102,10 @@ def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=N
     for rank in chosen:
         key = (parallel, world, rank, dtype)
         if key not in cache:
-            cache[key] = memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry)
+            cache[key] = memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry, gathered=rank == chosen[0])
         got = cache[key]
         optimizer = per_element * got.trainable + per_tensor * got.tensors
-        gathered = 3 * got.unit  # a unit's weights, the next one's (prefetched), its unsharded gradients
+        gathered = 3 * cache[(parallel, world, chosen[0], dtype)].unit  # a unit's weights, the next one's (prefetched), its unsharded gradients
         entry = {"rank": rank, "parameters": got.parameters, "reference": got.parameters if reference else 0,
                  "gradients": got.trainable, "optimizer": optimizer, "activations": acts, "gathered": gathered}
         entry["total"] = sum(v for k, v in entry.items() if k != "rank")

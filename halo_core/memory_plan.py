@@ -79,31 +79,37 @@ def _fake_group(rank: int, world: int):
         dist.destroy_process_group()
 
 
-def _units(model) -> list[list[torch.nn.Parameter]]:
+def _units(model) -> list[list[str]]:
+    """The names of each FSDP2 unit's parameters, as ``apply_fsdp`` groups them: a decoder layer each, the input
+    embeddings, the output head, and the rest (the root)."""
     from halo_core.parallel.fsdp import decoder_layers
 
-    layers = decoder_layers(model)
-    inside = {id(p) for layer in layers for p in layer.parameters()}
-    rest = [p for p in model.parameters() if id(p) not in inside]
-    return [list(layer.parameters()) for layer in layers] + [rest]
+    ids = {id(p): n for n, p in model.named_parameters()}
+    groups = [[ids[id(p)] for p in layer.parameters() if id(p) in ids] for layer in decoder_layers(model)]
+    for module in (model.get_input_embeddings(), model.get_output_embeddings()):
+        if module is not None:
+            groups.append([ids[id(p)] for p in module.parameters() if id(p) in ids])
+    taken = {n for group in groups for n in group}
+    return [*groups, [n for n in ids.values() if n not in taken]]
 
 
-def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, trainable=None) -> RankBytes:
-    """One rank's parameter bytes as ``parallelize`` lays the meta model out (and its largest unit unsharded)."""
+def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, trainable=None, gathered: bool = True) -> RankBytes:
+    """One rank's parameter bytes as ``parallelize`` lays the meta model out, and (``gathered``) its largest FSDP2 unit
+    unsharded: the parameters FSDP2 shards (smaller than the same layout without FSDP2) at their unsharded size, by unit."""
     from halo_core.parallel.parallelize import parallelize
 
     size = lambda p: _local(p).numel() * _local(p).element_size()  # noqa: E731
     with _fake_group(rank, world):
         model = parallelize(_meta_model(model_config, dtype, registry), parallel, registry, device_type="cpu")
-        named = dict(model.named_parameters())
-        train = [p for n, p in named.items() if trainable is None or trainable(n)]
-        flat = parallel if not parallel.fsdp else type(parallel)(**{**parallel.__dict__, "fsdp": False})
+        named = {n: size(p) for n, p in model.named_parameters()}
+        train = [n for n in named if trainable is None or trainable(n)]
         unit = 0
-        if parallel.fsdp and world > 1:
+        if gathered and parallel.fsdp and world > 1:
+            flat = type(parallel)(**{**parallel.__dict__, "fsdp": False})
             whole = parallelize(_meta_model(model_config, dtype, registry), flat, registry, device_type="cpu")
-            unit = max(sum(size(p) for p in group) for group in _units(whole))
-        return RankBytes(rank, sum(size(p) for p in named.values()), sum(size(p) for p in train), len(train),
-                         max(size(p) for p in named.values()), unit)
+            unsharded = {n: size(p) for n, p in whole.named_parameters()}
+            unit = max(sum(unsharded[n] for n in group if named.get(n, unsharded[n]) < unsharded[n]) for group in _units(whole))
+        return RankBytes(rank, sum(named.values()), sum(named[n] for n in train), len(train), max(named.values()), unit)
 
 
 def activations(model_config, tokens: int, itemsize: int, *, tp: int = 1, etp: int = 1, checkpointing: bool = False,
