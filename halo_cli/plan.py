@@ -65,6 +65,25 @@ def _optimizer(run, args) -> tuple[str, tuple[int, int], bool]:
     return name, OPTIMIZER_STATE.get(name, (2, 4)), name in OPTIMIZER_STATE
 
 
+def _adapters(run):
+    """A LoRA run's (``use_peft``) adapters as the worker adds them (``runtime.with_adapters``), else ``None``."""
+    from halo_core.lora import settings
+
+    config = settings.lora_config(run.peft)
+    if config is None:
+        return None
+    from halo_core.lora.inject import add_adapters
+
+    def add(model):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PEFT's, which the run itself shows
+            add_adapters(model, config, 0)
+
+    return add
+
+
 def _tokens(args, cp: int) -> int:
     """A rank's micro-batch tokens: sequences of ``max_length`` (prompt plus completion for GRPO), two a row for the
     pair methods (chosen and rejected), divided over the context-parallel group."""
@@ -100,12 +119,12 @@ def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=N
                                    checkpointing=checkpointing, budget=run.halo.activation_memory_budget)
     reference = run.method in memory_plan.REFERENCE and memory_plan.REFERENCE[run.method](args)
     for rank in chosen:
-        key = (parallel, world, rank, dtype)
+        key = (parallel, world, rank, dtype, json.dumps(run.peft, sort_keys=True))
         if key not in cache:
-            cache[key] = memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry, gathered=rank == chosen[0])
+            cache[key] = memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry, _adapters(run), gathered=rank == chosen[0])
         got = cache[key]
         optimizer = per_element * got.trainable + per_tensor * got.tensors
-        gathered = 3 * cache[(parallel, world, chosen[0], dtype)].unit  # a unit's weights, the next one's (prefetched), its unsharded gradients
+        gathered = 3 * cache[(*key[:2], chosen[0], *key[3:])].unit  # a unit's weights, the next one's (prefetched), its unsharded gradients
         entry = {"rank": rank, "parameters": got.parameters, "reference": got.parameters if reference else 0,
                  "gradients": got.trainable, "optimizer": optimizer, "activations": acts, "gathered": gathered}
         entry["total"] = sum(v for k, v in entry.items() if k != "rank")

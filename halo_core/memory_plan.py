@@ -93,7 +93,7 @@ def _units(model) -> list[list[str]]:
     return [*groups, [n for n in ids.values() if n not in taken]]
 
 
-def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, trainable=None, gathered: bool = True) -> RankBytes:
+def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, adapters=None, gathered: bool = True) -> RankBytes:
     """One rank's parameter bytes as ``parallelize`` lays the meta model out, and (``gathered``) its largest FSDP2 unit
     unsharded: the parameters FSDP2 shards (smaller than the same layout without FSDP2) at their unsharded size, by unit."""
     from halo_core.parallel.parallelize import parallelize
@@ -101,8 +101,10 @@ def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, t
     size = lambda p: _local(p).numel() * _local(p).element_size()  # noqa: E731
     with _fake_group(rank, world):
         model = parallelize(_meta_model(model_config, dtype, registry), parallel, registry, device_type="cpu")
+        if adapters is not None:
+            adapters(model)
         named = {n: size(p) for n, p in model.named_parameters()}
-        train = [n for n in named if trainable is None or trainable(n)]
+        train = [n for n, p in model.named_parameters() if p.requires_grad]
         unit = 0
         if gathered and parallel.fsdp and world > 1:
             flat = type(parallel)(**{**parallel.__dict__, "fsdp": False})

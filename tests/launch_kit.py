@@ -108,6 +108,23 @@ def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, 
     return output_dir
 
 
+def assert_planned(method: str, config: Path, output_dir: Path, nproc: int, args: list[str], common: list[str] = COMMON) -> None:
+    """``halo plan``'s parameter, gradient and optimizer bytes of each rank are that rank's real tensors' bytes, which
+    a launch run with ``HALO_TENSOR_BYTES`` at ``output_dir.parent / "tensor-bytes"`` wrote after its first step."""
+    from halo_cli.plan import figures, model_config
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    chosen = get_method(method)
+    run = load_run_config(method, chosen.config_class, config, parse_overrides(launch_overrides(output_dir, nproc, *args, common=common)))
+    found, _ = model_config(run)
+    for rank in range(nproc):
+        actual = json.loads((output_dir.parent / "tensor-bytes" / f"rank-{rank}.json").read_text())
+        assert actual["parameters"] > 0 and actual["gradients"] > 0, actual  # a step ran with gradients held
+        planned = figures(run, nproc, found, gpu_bytes=2**40, ranks=(rank,))["per_gpu"]
+        assert {k: planned[k] for k in actual} == actual, f"rank {rank} of {nproc} ({' '.join(args)})"
+
+
 def logged(output_dir: Path, key: str) -> list[float]:
     state = json.loads((output_dir / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
     return [entry[key] for entry in state["log_history"] if "loss" in entry]

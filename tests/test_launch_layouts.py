@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from halo_core.testing.compare import assert_close
-from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, launch as launch_method, launch_overrides, logged, weights, write_run
+from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, assert_planned, launch as launch_method, logged, weights, write_run
 
 #: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
 #: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
@@ -30,47 +30,9 @@ def launch(config, output_dir, nproc, *args):
     from halo_core.trainers.parts.tensor_bytes import ENV
 
     out = launch_method("sft", config, output_dir, nproc, *args, AUX, env={ENV: str(output_dir.parent / "tensor-bytes")})
-    assert_planned(config, output_dir, nproc, [*args, AUX])
+    assert_planned("sft", config, output_dir, nproc, [*args, AUX])
     return out
 
-
-def assert_planned(config: Path, output_dir: Path, nproc: int, args: list[str]) -> None:
-    """The planner's parameter, gradient and optimizer bytes of each rank are that rank's real tensors' bytes."""
-    from halo_cli.plan import figures, model_config
-    from halo_core.trainers.method import get_method
-    from halo_core.trainers.run_config import load_run_config, parse_overrides
-
-    method = get_method("sft")
-    run = load_run_config("sft", method.config_class, config, parse_overrides(launch_overrides(output_dir, nproc, *args)))
-    found, _ = model_config(run)
-    for rank in range(nproc):
-        actual = json.loads((output_dir.parent / "tensor-bytes" / f"rank-{rank}.json").read_text())
-        assert actual["parameters"] > 0 and actual["gradients"] > 0, actual  # a step ran with gradients held
-        planned = figures(run, nproc, found, gpu_bytes=2**40, ranks=(rank,))["per_gpu"]
-        assert {k: planned[k] for k in actual} == actual, f"rank {rank} of {nproc} ({' '.join(args)})"
-
-#: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
-LAYOUTS = {
-    "dp2": (2, []),
-    "ep2": (2, ["--expert_parallel_size=2"]),
-    # every step's checkpoint written in the background while the next steps run (each waits for the one before)
-    "ep2-async": (2, ["--expert_parallel_size=2", "--async_save=true", "--save_steps=1"]),
-    "tp2": (2, ["--tensor_parallel_size=2"]),
-    "cp2": (2, ["--context_parallel_size=2"]),
-    "cp2-ring": (2, ["--context_parallel_size=2", "--context_parallel_attention=ring"]),
-    "etp2": (2, ["--expert_tensor_parallel_size=2"]),
-    "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"]),
-    "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"]),
-    "cp2-tp2-ring": (4, ["--context_parallel_size=2", "--tensor_parallel_size=2", "--context_parallel_attention=ring"]),
-    "ep2-etp2": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2"]),
-    "ep2-etp2-replicated": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2", "--shard_parameters=false"]),
-    "etp2-tp2": (4, ["--expert_tensor_parallel_size=2", "--tensor_parallel_size=2"]),
-    "etp2-cp2": (4, ["--expert_tensor_parallel_size=2", "--context_parallel_size=2"]),
-}
-#: The row kind each layout trains on: the pairs of splits on plain text, the rest on prompt/completion rows.
-KINDS = {name: "text" if nproc == 4 else "completion" for name, (nproc, _) in LAYOUTS.items()}
-#: Under AdamW weights are not held tight (Adam turns rounding into update-sized steps), losses are.
-ADAMW_LAYOUTS = ["tp2", "ep2-cp2"]
 
 
 @pytest.fixture(scope="module")
