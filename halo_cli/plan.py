@@ -163,14 +163,18 @@ def _gpu_bytes(gpu_memory: float | None) -> tuple[int, str]:
     return int(DEFAULT_GPU_GIB * GIB), f"no local GPU: the default {DEFAULT_GPU_GIB:g} GiB"
 
 
+#: How many fitting layouts ``--suggest`` lists (the best ones: candidates are tried best first).
+SUGGESTIONS = 5
+
+
 def suggestions(run, world: int, config, gpu_bytes: int) -> list[dict]:
-    """Layouts that fit, best first: no recompute before recompute, replicated weights before FSDP2, fewer
-    activation-splitting degrees (tp, cp, etp) before more, then the smallest ep that fits."""
+    """Up to ``SUGGESTIONS`` layouts that fit, best first: no recompute before recompute, replicated weights before
+    FSDP2, fewer activation-splitting degrees (tp, cp, etp) before more, then the smallest ep. Candidates are planned
+    in that order and the search stops once enough fit (each is a meta layout of one rank)."""
     from halo_core.errors import HaloError
     from halo_core.parallel.config import divisors
 
-    found, cache = [], {}
-    fields = run.halo
+    candidates = []
     for tp in divisors(world):
         for cp in divisors(world // tp):
             dp = world // (tp * cp)
@@ -178,19 +182,21 @@ def suggestions(run, world: int, config, gpu_bytes: int) -> list[dict]:
                 for ep in divisors(dp // etp):
                     for shard in (False, True):
                         for checkpointing in (False, True):
-                            halo = dataclasses.replace(fields, expert_parallel_size=ep, expert_tensor_parallel_size=etp,
-                                                       tensor_parallel_size=tp, context_parallel_size=cp, shard_parameters=shard)
-                            candidate = dataclasses.replace(run, halo=halo, trainer={**run.trainer, CHECKPOINTING: checkpointing})
-                            try:
-                                got = figures(candidate, world, config, gpu_bytes=gpu_bytes, ranks=(0,), rank_cache=cache)
-                            except (HaloError, ValueError):
-                                continue
-                            if got["fits"]:
-                                found.append({"layout": got["layout"], "total": got["per_gpu"]["total"], "save_extra_bytes": got["save_extra_bytes"]})
-    found.sort(key=lambda s: (s["layout"]["gradient_checkpointing"], s["layout"]["shard_parameters"],
-                              s["layout"]["tp"] * s["layout"]["cp"] * s["layout"]["etp"], s["layout"]["ep"]))
-    for s in found:
-        s["reason"] = _reason(s, gpu_bytes)
+                            candidates.append((checkpointing, shard, tp * cp * etp, ep, tp, cp, etp))
+    found, cache = [], {}
+    for checkpointing, shard, _, ep, tp, cp, etp in sorted(candidates):
+        halo = dataclasses.replace(run.halo, expert_parallel_size=ep, expert_tensor_parallel_size=etp, tensor_parallel_size=tp,
+                                   context_parallel_size=cp, shard_parameters=shard)
+        candidate = dataclasses.replace(run, halo=halo, trainer={**run.trainer, CHECKPOINTING: checkpointing})
+        try:
+            got = figures(candidate, world, config, gpu_bytes=gpu_bytes, ranks=(0,), rank_cache=cache)
+        except (HaloError, ValueError):
+            continue
+        if got["fits"]:
+            found.append({"layout": got["layout"], "total": got["per_gpu"]["total"], "save_extra_bytes": got["save_extra_bytes"]})
+            found[-1]["reason"] = _reason(found[-1], gpu_bytes)
+            if len(found) == SUGGESTIONS:
+                break
     return found
 
 
