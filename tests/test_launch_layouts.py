@@ -34,6 +34,29 @@ def launch(config, output_dir, nproc, *args):
     return out
 
 
+#: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
+LAYOUTS = {
+    "dp2": (2, []),
+    "ep2": (2, ["--expert_parallel_size=2"]),
+    # every step's checkpoint written in the background while the next steps run (each waits for the one before)
+    "ep2-async": (2, ["--expert_parallel_size=2", "--async_save=true", "--save_steps=1"]),
+    "tp2": (2, ["--tensor_parallel_size=2"]),
+    "cp2": (2, ["--context_parallel_size=2"]),
+    "cp2-ring": (2, ["--context_parallel_size=2", "--context_parallel_attention=ring"]),
+    "etp2": (2, ["--expert_tensor_parallel_size=2"]),
+    "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"]),
+    "ep2-cp2": (4, ["--expert_parallel_size=2", "--context_parallel_size=2"]),
+    "cp2-tp2-ring": (4, ["--context_parallel_size=2", "--tensor_parallel_size=2", "--context_parallel_attention=ring"]),
+    "ep2-etp2": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2"]),
+    "ep2-etp2-replicated": (4, ["--expert_parallel_size=2", "--expert_tensor_parallel_size=2", "--shard_parameters=false"]),
+    "etp2-tp2": (4, ["--expert_tensor_parallel_size=2", "--tensor_parallel_size=2"]),
+    "etp2-cp2": (4, ["--expert_tensor_parallel_size=2", "--context_parallel_size=2"]),
+}
+#: The row kind each layout trains on: the pairs of splits on plain text, the rest on prompt/completion rows.
+KINDS = {name: "text" if nproc == 4 else "completion" for name, (nproc, _) in LAYOUTS.items()}
+#: Under AdamW weights are not held tight (Adam turns rounding into update-sized steps), losses are.
+ADAMW_LAYOUTS = ["tp2", "ep2-cp2"]
+
 
 @pytest.fixture(scope="module")
 def run_files(tmp_path_factory):
