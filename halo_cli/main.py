@@ -10,6 +10,7 @@ import typer
 import halo_core
 from halo_cli import families, methods
 from halo_cli.launch import launch
+from halo_cli.plan import plan
 from halo_cli import wheels
 from halo_cli.export import export
 from halo_core.errors import HaloError
@@ -22,6 +23,7 @@ _typer_app = typer.Typer(
 _typer_app.add_typer(families.app, name="families")
 _typer_app.add_typer(methods.app, name="methods")
 _typer_app.command("launch", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(launch)
+_typer_app.command("plan", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(plan)
 _typer_app.command("build-wheels")(wheels.command)
 _typer_app.command("export")(export)
 

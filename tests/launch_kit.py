@@ -89,18 +89,27 @@ def write_run(folder: Path, kind: str, extra: str = "") -> Path:
     return config
 
 
-def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON) -> Path:
+def launch_overrides(output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON) -> list[str]:
+    """The fields ``launch`` passes after ``--``."""
+    return [f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch or GLOBAL_BATCH // nproc}", *common, *args]
+
+
+def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, batch: int | None = None, common: list[str] = COMMON,
+           env: dict | None = None) -> Path:
     """``halo launch METHOD`` on ``nproc`` processes; the global batch is ``GLOBAL_BATCH`` in every layout.
-    ``common``: ``COMMON``, or ``HEAD_COMMON`` for methods whose config has no ``router_aux_loss_coef``."""
-    batch = batch or GLOBAL_BATCH // nproc
+    ``common``: ``COMMON``, or ``HEAD_COMMON`` for methods whose config has no ``router_aux_loss_coef``; ``env``: more
+    environment variables for the launch."""
+    import os
+
     command = [sys.executable, "-m", "halo_cli", "launch", method, str(config), "--nproc", str(nproc), "--",
-               f"--output_dir={output_dir}", f"--per_device_train_batch_size={batch}", *common, *args]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600)
+               *launch_overrides(output_dir, nproc, *args, batch=batch, common=common)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=output_dir.parent, timeout=600, env={**os.environ, **(env or {})})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     console(output_dir).write_text(result.stdout + result.stderr)
     return output_dir
 
 
+<<<<<<< HEAD
 def console(output_dir: Path) -> Path:
     """Where ``launch`` keeps what the run printed (beside its folder), for tests that read the console."""
     return output_dir.parent / f"{output_dir.name}.console.txt"
@@ -115,6 +124,23 @@ NOISE = ("`gradient_checkpointing` is deprecated", "is_gradient_checkpointing` i
 def noise_in(text: str) -> list[str]:
     """The lines of ``text`` that carry one of ``NOISE``."""
     return [line for line in text.splitlines() if any(n in line for n in NOISE)]
+=======
+def assert_planned(method: str, config: Path, output_dir: Path, nproc: int, args: list[str], common: list[str] = COMMON) -> None:
+    """``halo plan``'s parameter, gradient and optimizer bytes of each rank are that rank's real tensors' bytes, which
+    a launch run with ``HALO_TENSOR_BYTES`` at ``output_dir.parent / "tensor-bytes"`` wrote after its first step."""
+    from halo_cli.plan import figures, model_config
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    chosen = get_method(method)
+    run = load_run_config(method, chosen.config_class, config, parse_overrides(launch_overrides(output_dir, nproc, *args, common=common)))
+    found, _ = model_config(run)
+    for rank in range(nproc):
+        actual = json.loads((output_dir.parent / "tensor-bytes" / f"rank-{rank}.json").read_text())
+        assert actual["parameters"] > 0 and actual["gradients"] > 0, actual  # a step ran with gradients held
+        planned = figures(run, nproc, found, gpu_bytes=2**40, ranks=(rank,))["per_gpu"]
+        assert {k: planned[k] for k in actual} == actual, f"rank {rank} of {nproc} ({' '.join(args)})"
+>>>>>>> h46-d
 
 
 def logged(output_dir: Path, key: str) -> list[float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from halo_core.testing.compare import assert_close
-from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, launch as launch_method, logged, weights, write_run
+from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, assert_planned, launch as launch_method, logged, weights, write_run
 
 #: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
 #: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
@@ -25,7 +25,14 @@ AUX = "--router_aux_loss_coef=0.1"
 
 
 def launch(config, output_dir, nproc, *args):
-    return launch_method("sft", config, output_dir, nproc, *args, AUX)
+    """Each launch also writes every rank's actual tensor bytes after its first step (``parts/tensor_bytes``), and
+    ``halo plan``'s figures for the same YAML and fields must equal them, rank by rank."""
+    from halo_core.trainers.parts.tensor_bytes import ENV
+
+    out = launch_method("sft", config, output_dir, nproc, *args, AUX, env={ENV: str(output_dir.parent / "tensor-bytes")})
+    assert_planned("sft", config, output_dir, nproc, [*args, AUX])
+    return out
+
 
 #: (processes, overrides): each split alone on two ranks, and every pair of the four splits on four ranks.
 LAYOUTS = {

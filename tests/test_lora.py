@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, console, launch, logged, noise_in, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, console, launch, logged, noise_in, write_run
 
 LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
 #: LoRA under data parallelism alone (FSDP2 over both ranks), each split alone on two ranks, and dense TP adapters
@@ -95,7 +95,10 @@ def test_resuming_on_ep2_tp2_restores_adapters_and_their_optimizer_state(run_fil
     """Under AdamW (moments to restore): a run resumed from its step-2 checkpoint ends where the uninterrupted run did;
     expert adapters read as each EP rank's block, TP-split ones into their DTensor shards."""
     adamw = [*OPTIMIZERS["adamw"], "--expert_parallel_size=2", "--tensor_parallel_size=2", "--save_steps=1"]
-    whole = launch("sft", run_file, tmp_path / "whole", 4, *adamw)
+    from halo_core.trainers.parts.tensor_bytes import ENV
+
+    whole = launch("sft", run_file, tmp_path / "whole", 4, *adamw, env={ENV: str(tmp_path / "tensor-bytes")})
+    assert_planned("sft", run_file, whole, 4, adamw)  # halo plan's bytes with adapters are the real ones, rank by rank
     state = json.loads((whole / "checkpoint-2" / "optimizer" / "optimizer.json").read_text())
     names = [n for group in state["param_groups"] for n in group["params"]]
     assert names and all("lora_" in n for n in names), names[:5]  # no optimizer state for any base weight

@@ -29,6 +29,24 @@ from halo_core.parallel.parallelize import parallelize
 from halo_core.parallel.safetensors_parallel import CorruptTensor, verify
 
 
+#: Suffixes of an MXFP4 weight's two tensors (packed FP4 pairs, and one exponent per 32 values).
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
+#: The quantisation Halo reads by dequantising to bf16 on load (transformers' ``Mxfp4Config(dequantize=True)``).
+DEQUANTISED_ON_LOAD = ("mxfp4",)
+
+
+def drop_dequantised(hf_config) -> None:
+    """Forget a quantisation the loader undoes (MXFP4), so the model trains and saves plain weights; refuse others."""
+    settings = getattr(hf_config, "quantization_config", None)
+    if not settings:
+        return
+    method = settings.get("quant_method") if isinstance(settings, dict) else getattr(settings, "quant_method", None)
+    if str(getattr(method, "value", method)) not in DEQUANTISED_ON_LOAD:
+        raise CheckpointError(f"a quantised checkpoint ({method!r}); the sliced loader dequantises only {list(DEQUANTISED_ON_LOAD)}: "
+                              f"dequantise it first (transformers' from_pretrained, then save_pretrained)")
+    del hf_config.quantization_config
+
+
 class CheckpointError(HaloError):
     """A checkpoint the sliced loader cannot map onto the model."""
 
@@ -59,6 +77,9 @@ class Checkpoint:
                 raise CheckpointError(f"{single} cannot be read ({type(exc).__name__}: {exc}); the file is truncated or damaged") from None
         self.log = log
         self.folder = folder
+        #: MXFP4 weights (gpt-oss's release): ``K`` stored as ``K_blocks`` and ``K_scales``, read dequantised as ``K``.
+        self.mxfp4 = {k[: -len(MXFP4_BLOCKS)] for k in self.files if k.endswith(MXFP4_BLOCKS) and k[: -len(MXFP4_BLOCKS)] + MXFP4_SCALES in self.files}
+        self.files.update({k: self.files[k + MXFP4_BLOCKS] for k in self.mxfp4})
         self._open: dict[Path, object] | None = None
         try:
             self.manifest = manifest.read(folder)
@@ -88,6 +109,12 @@ class Checkpoint:
         return contextlib.nullcontext(self._open[path])
 
     def read(self, key: str, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        if key in self.mxfp4:  # this rank's experts' blocks and scales, dequantised as transformers' MXFP4 loader does
+            from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+            blocks, scales = self.read(key + MXFP4_BLOCKS, rows), self.read(key + MXFP4_SCALES, rows)
+            self.log.reads[key] = rows
+            return convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
         path = self.files[key]
         parts = (manifest.parts_of(self.manifest, path.relative_to(self.folder).as_posix()) or {}).get(key)
         try:
@@ -154,9 +181,10 @@ def from_pretrained(
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(path)
-    if getattr(hf_config, "quantization_config", None):
-        raise CheckpointError(f"{path} is a quantised checkpoint (quantization_config); the sliced loader reads unquantised "
-                              f"weights only: dequantise it first (transformers' from_pretrained, then save_pretrained)")
+    try:
+        drop_dequantised(hf_config)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{path} is {exc}") from None
     if num_labels is not None:
         sequence_head(hf_config, num_labels, pad_token_id)
     extra = {"experts_implementation": experts_implementation} if experts_implementation else {}

@@ -61,12 +61,14 @@ RANGES = tuple(Range(*rule) for rule in (
 ))
 
 
-def check_run(run: RunConfig, world: int = 1) -> None:
+def check_run(run: RunConfig, world: int = 1, model_source: bool = True) -> None:
     """Refuse what every rank would fail on (``world``: the launch's process count); ``check_layout`` then checks the
-    parallel layout."""
+    parallel layout. ``model_source=False``: leave the model's source alone (``halo plan`` reads a config beside the
+    YAML for a hub id that is not cached)."""
     from halo_core.trainers.method import get_method
 
-    check_model_source(run)
+    if model_source:
+        check_model_source(run)
     args = method_config(run, world)
     check_ranges(run, args)
     method = get_method(run.method)
@@ -224,8 +226,10 @@ def check_model_source(run: RunConfig) -> None:
     looked, fix = looked_for(value, Path(run.source).resolve().parent)
     path = Path(value)
     if path.is_dir():
+        from halo_core.parallel.loading import DEQUANTISED_ON_LOAD
+
         quantized = quantization_of(path)
-        if quantized:
+        if quantized and quantized.strip("'") not in DEQUANTISED_ON_LOAD:  # MXFP4 (gpt-oss): dequantised to bf16 on load
             raise ConfigError(f"{where} is a quantised checkpoint (config.json: quantization_config {quantized}); Halo trains the "
                               f"unquantised weights and reads no quantised ones: dequantise it first (transformers' from_pretrained, "
                               f"then save_pretrained in bf16), or use the unquantised release")

@@ -168,8 +168,9 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where, peft)
 
 
-def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
+def check_layout(run: RunConfig, world_size: int, registry=None, model_config=None) -> dict:
     """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family.
+    ``model_config``: the model's config where the caller has it (``halo plan``); else read from a local folder.
 
     The layout's own rules are ``plan_layout``'s; only the run-level ones (what the method can feed,
     compile and memory budgets, kernels) live here.
@@ -182,7 +183,7 @@ def check_layout(run: RunConfig, world_size: int, registry=None) -> dict:
     if run.halo.experts_implementation is not None:
         _check_experts_implementation(run)
     _check_activation_memory_budget(run)
-    model_config = _model_config(run)
+    model_config = model_config if model_config is not None else _model_config(run)
     itemsize = 2 if _trains_in_bf16(run, world_size) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,

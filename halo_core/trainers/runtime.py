@@ -174,6 +174,9 @@ def _train(run, trainer_class, config_class, watch, *, reference, num_labels, fr
         **trainer_kwargs,
     )
     watch.trainer = trainer
+    from halo_core.trainers.parts import tensor_bytes
+
+    tensor_bytes.attach(trainer)
     with attention_backends(run.halo.sdpa_backends):
         trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     trainer.save_model()
