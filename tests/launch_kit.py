@@ -109,7 +109,6 @@ def launch(method: str, config: Path, output_dir: Path, nproc: int, *args: str, 
     return output_dir
 
 
-<<<<<<< HEAD
 def console(output_dir: Path) -> Path:
     """Where ``launch`` keeps what the run printed (beside its folder), for tests that read the console."""
     return output_dir.parent / f"{output_dir.name}.console.txt"
@@ -124,7 +123,8 @@ NOISE = ("`gradient_checkpointing` is deprecated", "is_gradient_checkpointing` i
 def noise_in(text: str) -> list[str]:
     """The lines of ``text`` that carry one of ``NOISE``."""
     return [line for line in text.splitlines() if any(n in line for n in NOISE)]
-=======
+
+
 def assert_planned(method: str, config: Path, output_dir: Path, nproc: int, args: list[str], common: list[str] = COMMON) -> None:
     """``halo plan``'s parameter, gradient and optimizer bytes of each rank are that rank's real tensors' bytes, which
     a launch run with ``HALO_TENSOR_BYTES`` at ``output_dir.parent / "tensor-bytes"`` wrote after its first step."""
@@ -140,7 +140,6 @@ def assert_planned(method: str, config: Path, output_dir: Path, nproc: int, args
         assert actual["parameters"] > 0 and actual["gradients"] > 0, actual  # a step ran with gradients held
         planned = figures(run, nproc, found, gpu_bytes=2**40, ranks=(rank,))["per_gpu"]
         assert {k: planned[k] for k in actual} == actual, f"rank {rank} of {nproc} ({' '.join(args)})"
->>>>>>> h46-d
 
 
 def logged(output_dir: Path, key: str) -> list[float]:
