@@ -16,6 +16,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from halo_core import remote_code
 from halo_core.errors import ConfigError
 from halo_core.trainers.method import get_method
 from halo_core.trainers.parts.integrity import check_model
@@ -45,6 +46,7 @@ def launch(
         raise ConfigError(f"--node-rank {node_rank} must be below --nnodes {nnodes} (nodes are numbered 0..{nnodes - 1})")
     chosen = get_method(method)
     run = load_run_config(method, chosen.config_class, config, parse_overrides(list(ctx.args)))
+    remote_code.admit(run)  # before anything reads the model's config: transformers would ask on stdin
     world = nproc * nnodes
     check_run(run, world)
     layout = check_layout(run, world)

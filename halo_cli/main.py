@@ -44,7 +44,8 @@ def _root(
 @_typer_app.command("new-family")
 def new_family(
     name: Annotated[str, typer.Argument(help="Family name, e.g. 'my-moe'; the package becomes halo_plugin_my_moe.")],
-    model_type: Annotated[str, typer.Option("--model-type", help="transformers model type the family claims (config.model_type).")],
+    model_type: Annotated[Optional[str], typer.Option("--model-type", help="transformers model type the family claims (config.model_type).")] = None,
+    model_dir: Annotated[Optional[Path], typer.Option("--model-dir", help="A model folder: its config's model type; where the folder ships its own modeling code (auto_map), that code runs and is copied into the plugin.")] = None,
     output_dir: Annotated[Path, typer.Option("--output-dir", help="Folder to create halo-plugin-NAME/ in.")] = Path("."),
     allow_unknown_model_type: Annotated[bool, typer.Option("--allow-unknown-model-type", help="Accept a model type transformers does not know (custom modeling code).")] = False,
     replace: Annotated[Optional[str], typer.Option("--replace", help="Installed plugin that claims TYPE; the new one is meant to be installed instead of it.")] = None,
@@ -52,7 +53,13 @@ def new_family(
     """Scaffold an installable family plugin with its conformance test."""
     from halo_cli.scaffold import render_family
 
-    scaffold = render_family(name, model_type, output_dir, allow_unknown_model_type=allow_unknown_model_type, replace=replace)
+    from halo_cli.scaffold import model_type_of
+
+    if model_dir is not None:
+        model_type = model_type_of(model_dir, model_type)
+    elif model_type is None:
+        raise HaloError("new-family needs --model-type TYPE (the config's model_type) or --model-dir DIR (a model folder with config.json)")
+    scaffold = render_family(name, model_type, output_dir, allow_unknown_model_type=allow_unknown_model_type, replace=replace, model_dir=model_dir)
     typer.echo(f"created {scaffold.path}\nnext: {scaffold.next_steps()}")
 
 

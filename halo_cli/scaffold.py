@@ -262,12 +262,64 @@ def _literal(value) -> str:
     return repr(value)
 
 
-def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown_model_type: bool = False, replace: str | None = None) -> Scaffold:
-    """Write ``output_dir/halo-plugin-<name>/``; refuse before writing anything."""
+def model_type_of(model_dir: Path, given: str | None) -> str:
+    """The model type ``model_dir``'s ``config.json`` names (``--model-type``, where also given, must agree)."""
+    from halo_core import remote_code
+
+    config = remote_code.config_dict(model_dir) if Path(model_dir).is_dir() else None
+    if not config or not isinstance(config.get("model_type"), str):
+        raise ScaffoldError(f"--model-dir {model_dir}: no config.json with a model_type there; give the folder that holds the model's config.json")
+    if given is not None and given != config["model_type"]:
+        raise ScaffoldError(f"--model-type {given!r} disagrees with --model-dir {model_dir}'s config.json ({config['model_type']!r}); drop --model-type")
+    return config["model_type"]
+
+
+@dataclass(frozen=True)
+class ShippedCode:
+    """A model folder's own modeling code, copied into the plugin, which registers it with transformers."""
+
+    files: tuple[Path, ...]
+    #: ``from .module import Class`` lines and the ``register_classes`` call, for the plugin's ``__init__``.
+    source: str
+
+
+def shipped_code(model_dir: Path | None) -> ShippedCode | None:
+    """Where ``model_dir`` ships code transformers does not have (``remote_code.ships_code``): its classes registered
+    here (the scaffold reads the layout off a tiny model of them: their code runs), and what the plugin needs to
+    register its copy wherever it is installed."""
+    from halo_core import remote_code
+
+    if model_dir is None:
+        return None
+    config = remote_code.config_dict(model_dir)
+    if not remote_code.ships_code(config):
+        return None
+    remote_code.register_folder(model_dir, config)
+    auto_map = config["auto_map"]
+    imports: dict[str, list[str]] = {}
+    for reference in [auto_map["AutoConfig"], *(auto_map[a] for a in remote_code.AUTO_CLASSES if a in auto_map)]:
+        module, _, cls = reference.split("--")[-1].rpartition(".")
+        imports.setdefault(module, []).append(cls)
+    lines = [f"from .{module} import {', '.join(dict.fromkeys(classes))}" for module, classes in imports.items()]
+    config_class = auto_map["AutoConfig"].rpartition(".")[2]
+    models = ", ".join(f"{a!r}: {auto_map[a].rpartition('.')[2]}" for a in remote_code.AUTO_CLASSES if a in auto_map)
+    source = ("\n\nfrom halo_core.remote_code import register_classes\n\n" + "\n".join(lines) + "\n\n"
+              f"# The model's own code, copied from its folder by `halo new-family --model-dir`: transformers does not know\n"
+              f"# {config['model_type']!r}, so the plugin registers these classes (a run with trust_remote_code: true registers\n"
+              f"# the model folder's own instead, as transformers prefers trusted remote code).\n"
+              f"register_classes({config_class}, {{{models}}})")
+    return ShippedCode(tuple(sorted(Path(model_dir).glob("*.py"))), source)
+
+
+def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown_model_type: bool = False, replace: str | None = None,
+                  model_dir: Path | None = None) -> Scaffold:
+    """Write ``output_dir/halo-plugin-<name>/``; refuse before writing anything. ``model_dir``: a model folder whose
+    own code (``auto_map``) the plugin ships and registers."""
     names = plugin_names(name)
     target = Path(output_dir) / names.distribution
     if target.exists():
         raise ScaffoldError(f"{target} already exists; choose another --output-dir or remove it first")
+    code = shipped_code(model_dir)
     if not allow_unknown_model_type and not _known_model_type(model_type):
         raise ScaffoldError(
             f"model type {model_type!r} is unknown to the installed transformers; check the spelling "
@@ -297,9 +349,12 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "test_import": "import pytest" if read.marked else "from halo_core.testing import check_family",
         "test_body": f"pytest.fail({read.marked!r})" if read.marked else f"check_family({names.family!r})",
         **{f"{k}_literal": _literal(v) for k, v in read.fields.items()},
+        "shipped_code": code.source if code else "",
     }
     template_root = files("halo_cli.templates") / "family"
     _render_tree(template_root, target, values, names.package)
+    for file in code.files if code else ():
+        (target / names.package / file.name).write_text(file.read_text())
     return Scaffold(target, names.family, replaces)
 
 

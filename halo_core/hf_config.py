@@ -95,8 +95,12 @@ def language_model_class(model_type: str) -> LanguageModelClass:
     import transformers
     from transformers import CONFIG_MAPPING
     from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
     found = None
+    if model_type not in CONFIG_MAPPING_NAMES and CONFIG_MAPPING[model_type] in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        # a model's own code, registered (``AutoModelForCausalLM.register``: remote code, or a plugin's copy of it)
+        return LanguageModelClass(None, "AutoModelForCausalLM.register")
     for mapping in LM_MAPPINGS:
         name = getattr(modeling_auto, mapping, {}).get(model_type)
         if name and (mapping == LM_MAPPINGS[0] or hasattr(transformers, name)):

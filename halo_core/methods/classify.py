@@ -24,6 +24,8 @@ class ClassifyConfig(TrainingArguments):
     """transformers' ``TrainingArguments`` plus what building and feeding the classifier needs."""
 
     num_labels: int | None = field(default=None, metadata={"help": "Classes (the head's outputs); labels are ints 0 .. num_labels - 1. Required."})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "Run a model folder's own modeling code (config.json auto_map, a model type transformers does not know), as TRL's configs take it."})
     max_length: int | None = field(default=1024, metadata={"help": "Truncate each text to this many tokens; empty for no truncation."})
 
 

@@ -47,6 +47,8 @@ class EmbedConfig(SentenceTransformerTrainingArguments):
     matryoshka_dims: list[int] | None = field(default=None, metadata={
         "help": "Wrap the loss in MatryoshkaLoss over these leading dimensions of the embedding (each at most hidden_size)."})
     max_seq_length: int | None = field(default=None, metadata={"help": "Truncate each text to this many tokens; empty: the model's limit."})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "Run a model folder's own modeling code (config.json auto_map, a model type transformers does not know), as TRL's configs take it."})
     mini_batch_size: int = field(default=32, metadata={"help": "CachedMultipleNegativesRankingLoss: rows per forward (GradCache)."})
 
 

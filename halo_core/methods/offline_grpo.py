@@ -39,6 +39,8 @@ class OfflineGRPOConfig(TrainingArguments):
     max_completion_length: int | None = field(default=None, metadata={
         "help": "Completion tokens kept (the rest cut); dr_grpo's fixed divisor, which it requires."})
     max_prompt_length: int | None = field(default=None, metadata={"help": "Prompt tokens kept, from the left (the end stays); empty: all."})
+    trust_remote_code: bool = field(default=False, metadata={
+        "help": "Run a model folder's own modeling code (config.json auto_map, a model type transformers does not know), as TRL's configs take it."})
     remove_unused_columns: bool = False  # the collator reads the tokenised columns itself
 
     def __post_init__(self):

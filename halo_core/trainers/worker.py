@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from halo_core import remote_code
 from halo_core.parallel.process_exit import finish, forget_parent_exit_handlers
 from halo_core.trainers.method import get_method
 from halo_core.trainers.parts import stopping
@@ -21,6 +22,7 @@ def main(spec: dict) -> None:
     # A forked worker keeps the launcher's thread settings; the ranks share the machine's cores.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     run = RunConfig.from_json(spec)
+    remote_code.admit(run)  # a worker started afresh (forkserver) has not registered the model's own classes
     _interrupt_once()
     _quiet_trl_aliases()
     try:

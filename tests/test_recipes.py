@@ -1,0 +1,44 @@
+"""``templates/recipes/<model>/<method>.yaml``: every recipe passes the checks ``halo launch --dry-run`` makes before
+start, offline, on the world its header names. The model's hub id is not downloadable here, so the layout is checked
+against the ``config.json`` kept beside the recipe (the published figures), as the model would be read."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from launch_kit import ROOT
+
+RECIPES = sorted((ROOT / "templates" / "recipes").glob("*/*.yaml"))
+
+
+def _world(text: str) -> int:
+    nproc = int(re.search(r"^# nproc: (\d+)$", text, re.M)[1])
+    nnodes = re.search(r"^# nnodes: (\d+)$", text, re.M)
+    return nproc * (int(nnodes[1]) if nnodes else 1)
+
+
+def test_at_least_ten_runs_over_six_families():
+    families = {(p.parent / "config.json").read_text().split('"model_type": "')[1].split('"')[0] for p in RECIPES}
+    assert len(RECIPES) >= 10 and len(families) >= 6, (len(RECIPES), families)
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_recipe_passes_the_checks_before_start(recipe):
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_checks import check_ranges, method_config
+    from halo_core.trainers.run_config import check_layout, load_run_config
+
+    text = recipe.read_text()
+    method = re.search(r"halo launch (\S+) ", text)[1]
+    assert "# halo plan:" in text and (recipe.parent / "config.json").is_file()
+    world = _world(text)
+    run = load_run_config(method, get_method(method).config_class, recipe)
+    assert "/" in run.halo.model_name_or_path and not Path(run.halo.model_name_or_path).exists()  # the hub id
+    check_ranges(run, method_config(run, world))
+    local = dataclasses.replace(run, halo=dataclasses.replace(run.halo, model_name_or_path=str(recipe.parent)))
+    layout = check_layout(local, world)
+    assert layout["family"] is not None and layout["dims"].ep == run.halo.expert_parallel_size
