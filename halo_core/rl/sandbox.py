@@ -263,7 +263,9 @@ class _Worker:
                 raise TimeoutError
             chunk = os.read(fd, 65536)
             if not chunk:
-                raise _Failed(f"the program exited (code {self.child.poll()})")
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.child.wait(timeout=1.0)
+                raise _Failed(f"the program ended (exit code {self.child.returncode})")
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
@@ -347,7 +349,7 @@ def run_tests(solution: str, tests: list[str], timeout_s: float, memory_mb: int)
         except TimeoutError:
             return TestReport(0, len(tests), [], True)
         except _Failed as exc:
-            return TestReport(0, len(tests), [str(exc)], False)
+            return TestReport(0, len(tests), [str(exc).replace("the program ended", "the program ended before any test ran")], False)
         for index, test in enumerate(tests):
             try:
                 _grade(test, worker)
