@@ -124,18 +124,21 @@ def _candidates() -> list[str]:
     return (["unshare", "bwrap"] if os.geteuid() == 0 else ["bwrap"])
 
 
+def works(name: str) -> bool:
+    """Whether ``name`` (``unshare`` or ``bwrap``) runs a program here as uid 65534."""
+    if not shutil.which(name):
+        return False
+    try:
+        run = _run(name, "import os; print(os.getuid())", 20.0, 256, {}, ())
+    except OSError:
+        return False
+    return run.returncode == 0 and run.stdout.strip() == str(NOBODY)
+
+
 @functools.lru_cache(maxsize=None)
 def isolation() -> str | None:
-    """The first mechanism that runs a program as uid 65534 here (tried once per process), else None."""
-    for name in _candidates():
-        if shutil.which(name):
-            try:
-                run = _run(name, "import os; print(os.getuid())", 20.0, 256, {}, ())
-            except OSError:
-                continue
-            if run.returncode == 0 and run.stdout.strip() == str(NOBODY):
-                return name
-    return None
+    """The first mechanism that works here (tried once per process), else None."""
+    return next((name for name in _candidates() if works(name)), None)
 
 
 def executes_code(function):
