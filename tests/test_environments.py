@@ -281,7 +281,7 @@ TESTS = ["assert double(2) == 4", "assert double(0) == 0", "assert double(-3) ==
     ("def double(x):\n    while True: pass", 0.0, "0/3 tests passed; timed out after 1 s"),
     ("blob = bytearray(1 << 33)", 0.0, "0/3 tests passed; solution raised MemoryError"),
     ("def double(x):\n    return bytearray(1 << 33)", 0.0, "test 1 (assert double(2) == 4): MemoryError"),
-    ("import os\nos._exit(0)", 0.0, "0/3 tests passed; the program exited with code 0 before any test ran"),
+    ("import os\nos._exit(0)", 0.0, "0/3 tests passed; the program ended before any test ran (exit code 0)"),
     ("import sys\nprint('pass')\nsys.exit(0)", 0.0, "0/3 tests passed; solution raised SystemExit"),
 ])
 def test_code_contests_grades_in_the_sandbox(code, reward, says):

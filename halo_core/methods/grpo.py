@@ -21,6 +21,7 @@ batch's. A TP group pools its prompts and generates, scores and trains on the po
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -39,7 +40,8 @@ from halo_core.rl.driver import RolloutDriver
 from halo_core.rl.engines import SamplingParams, engine_factory, known_engines
 from halo_core.rl.lookahead import Lookahead
 from halo_core.rl.probe import probe_logprobs
-from halo_core.rl.environments import check_tools, load_environment, load_tools
+from halo_core.rl.environments import check_tools, code_executors, load_environment, load_tools
+from halo_core.rl.sandbox import REFUSAL, UNISOLATED, isolation
 from halo_core.rl.rewards import load_rewards
 from halo_core.rl.routing import RoutingReplay, RoutingReplayError, route_rows, row_routes
 from halo_core.trainers.method import Method
@@ -65,6 +67,9 @@ class HaloGRPOConfig(GRPOConfig):
                 "TRL's environment_factory, its methods the tools the model may call."})
     tools: list[str] = field(default_factory=list, metadata={
         "help": "Tool functions by name (the halo.tools group) or dotted path: TRL's tools, called between turns."})
+    sandbox_unisolated: bool = field(default=False, metadata={
+        "help": "Run model-written code (code_tests, the python tool, code_contests) without the sandbox's isolation where "
+                "neither bwrap nor unshare works here; logged every time. Off: such a run is refused before start."})
     tool_timeout_s: float | None = field(default=30.0, metadata={
         "help": "Seconds a tool call (an environment's methods included) may take; past it the model gets an error result."})
     engine_urls: list[str] = field(default_factory=list, metadata={
@@ -98,6 +103,8 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
 
     def __init__(self, *args, ref_model=None, **kwargs):
         config = kwargs["args"]
+        if config.sandbox_unisolated:
+            os.environ[UNISOLATED] = "1"  # read by the sandbox in this process and the ones it starts
         kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs))
         if config.tools:
             kwargs.setdefault("tools", load_tools(config.tools, config.tool_timeout_s))
@@ -306,6 +313,9 @@ def check(run: RunConfig, args, world: int = 1) -> None:
         raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
     load_rewards(args.reward_funcs)
     check_tools(args)  # environment and tools by name, tool_timeout_s
+    running = code_executors(args)
+    if running and not args.sandbox_unisolated and isolation() is None:
+        raise ConfigError(f"{run.source}: {', '.join(running)}: {REFUSAL}")
     if args.rollout_engine not in known_engines():
         engine_factory(args.rollout_engine)  # raises, naming the key and the installed engines
     from halo_core.trainers.parts.data import first_rows

@@ -16,8 +16,8 @@ Built-ins:
 - ``brevity``: ``min(1, 2 / tokens)`` of the completion (its end token counted): 1.0 for one token and the end, an
   answer's shape a random-init policy finds within a minute once a few of its completions stop early.
 - ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
-  (assert statements) in a fresh Python subprocess under a time and a memory limit (``halo_core.rl.sandbox``); 1.0
-  when every test passes.
+  (assert statements) in the isolated sandbox, each test graded from outside it (``halo_core.rl.sandbox``); 1.0
+  when every test ran to its end and passed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from importlib.metadata import entry_points
 from typing import Callable
 
 from halo_core.errors import ConfigError, HaloError
-from halo_core.rl.sandbox import run_python
+from halo_core.rl.sandbox import executes_code, run_tests
 
 ENTRY_POINT_GROUP = "halo.rewards"
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -83,13 +83,10 @@ def brevity(prompts, completions, completion_ids, **kwargs) -> list[float]:
     return [min(1.0, 2.0 / max(len(ids), 1)) for ids in completion_ids]
 
 
+@executes_code
 def code_tests(prompts, completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, **kwargs) -> list[float]:
-    return [_run_tests(text(c), list(t), timeout_s, memory_mb) for c, t in zip(completions, tests)]
-
-
-def _run_tests(completion: str, tests: list[str], timeout_s: float, memory_mb: int) -> float:
-    program = code_block(completion) + "\n\n" + "\n".join(tests) + "\n"
-    return 1.0 if run_python(program, timeout_s, memory_mb).returncode == 0 else 0.0
+    reports = [run_tests(code_block(text(c)), [str(x) for x in t], timeout_s, memory_mb) for c, t in zip(completions, tests)]
+    return [1.0 if r.total and r.passed == r.total else 0.0 for r in reports]
 
 
 def code_block(completion: str) -> str:

@@ -89,3 +89,15 @@ def check_tools(args) -> None:
         load_tools(args.tools, timeout)
     if args.environment:
         load_environment(args.environment, timeout)
+
+
+def code_executors(args) -> list[str]:
+    """The run's rewards, tools and environment that execute model-written code (``sandbox.executes_code``), as
+    ``key: name``: what needs the sandbox's isolation before start."""
+    from halo_core.rl.rewards import resolve
+
+    named = [("reward_funcs", name, resolve(name)) for name in args.reward_funcs]
+    named += [("tools", name, _resolve("tools", TOOLS, name, "")) for name in args.tools]
+    if args.environment:
+        named.append(("environment", args.environment, _resolve("environment", ENVIRONMENTS, args.environment, "")))
+    return [f"{key}: {name}" for key, name, value in named if getattr(value, "executes_code", False)]

@@ -2,7 +2,7 @@
 
 Rows carry ``prompt`` (the problem) and ``tests`` (statements such as ``assert f(2) == 4``, as for the
 ``code_tests`` reward). ``run_tests(code)`` runs the code, then each test, in the sandbox
-(``halo_core.rl.sandbox``: ``python -I``, a temporary folder, an address-space limit, a wall-clock timeout) and
+(``halo_core.rl.sandbox``: isolated by the OS, each test graded from outside the solution's process) and
 tells the model how many passed and the first failure. The reward (``get_reward``) is the share of tests passed by
 the last code it ran, 0 when it ran none: the environment never sees the final message, so to score the final
 answer's code as well add ``code_tests`` to ``reward_funcs`` (all tests or nothing, the same sandbox).
@@ -11,9 +11,10 @@ answer's code as well add ``code_tests`` to ``reward_funcs`` (all tests or nothi
 from __future__ import annotations
 
 from halo_core.rl.rewards import code_block
-from halo_core.rl.sandbox import run_tests
+from halo_core.rl.sandbox import executes_code, run_tests
 
 
+@executes_code
 class CodeContests:
     """One rollout's problem; subclass it to change the limits."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import operator
 
-from halo_core.rl.sandbox import run_python
+from halo_core.rl.sandbox import executes_code, run_python
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
@@ -36,6 +36,7 @@ def calculator(expression: str) -> str:
     return str(_value(ast.parse(expression.strip(), mode="eval").body))
 
 
+@executes_code
 def python(code: str) -> str:
     """Run a Python program and see what it prints.
 
