@@ -118,6 +118,11 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, mesh: DeviceMesh, expert_mo
             _shard_head(model.base_model, head, dp_mesh)
     fully_shard(model, mesh=dp_mesh, ignored_params=ignored)
     _sum_only(model)
+    # FSDP2 warns when a unit returns a view (the root does where a method reads the logits under CP, KTO's pooled
+    # batch): the root is never resharded after forward, so backward needs no gathering, and the launcher tests hold
+    # those layouts' losses and weights to one process's. Only the root's own class is filtered.
+    warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \((FSDP)?{re.escape(type(model).__name__.removeprefix('FSDP'))}\) returned a view tensor",
+                            category=UserWarning)
     return frozenset(shared)
 
 
@@ -145,8 +150,9 @@ def _shard_head(backbone: nn.Module, head: nn.Module, dp_mesh: DeviceMesh) -> No
     # a view by construction (autograd hands back the input of FSDP's post-backward Function as one); the
     # model's head and TRL's fused loss read it out of place, and this unit stays gathered through backward
     # (reshard_after_forward=False) so it needs no gathering there. The launcher tests hold the resulting
-    # weights to one process's. Only warnings naming the head's class are filtered; any other unit's still shows.
-    warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \({re.escape(type(head).__name__)}\) returned a view tensor", category=UserWarning)
+    # weights to one process's. Only warnings naming the head's class (FSDP2 prefixes it with FSDP once the unit is
+    # sharded) are filtered; any other unit's still shows.
+    warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \((FSDP)?{re.escape(type(head).__name__)}\) returned a view tensor", category=UserWarning)
     head.halo_gather = types.MethodType(_pass_through, head)
     register_fsdp_forward_method(head, "halo_gather")
 
