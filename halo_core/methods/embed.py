@@ -93,7 +93,7 @@ class HaloEmbedTrainer(DistributedTrainerMixin, SentenceTransformerTrainer):
 
         config = kwargs["args"]
         inner = lay_out(kwargs["model"], kwargs.get("parallel_config") or ParallelConfig())
-        _quiet_harmless(inner)
+        _quiet_harmless()
         path = model_name_or_path or inner.config.name_or_path
         model = sentence_transformer(inner, path, config.pooling, config.max_seq_length)
         wrap(model, inner)
@@ -139,17 +139,10 @@ class HaloEmbedTrainer(DistributedTrainerMixin, SentenceTransformerTrainer):
         checkpoint.barrier()
 
 
-def _quiet_harmless(inner) -> None:
-    """Two warnings every embed run printed on each rank, each shown harmless here.
-
-    FSDP2 warns that the root unit returned a view "can cause backward to fail or produce wrong gradients": an
-    in-place op on it would drop the unit's pre-backward hook, which gathers the unit's parameters for backward. The
-    root unit is never resharded after forward (FSDP2 keeps the root gathered), so backward needs no gathering, and the
-    pooling and losses read the hidden states out of place; test_embed holds EP2's and FSDP2's gradients and weights
-    to one process's. sentence-transformers' in-batch gather calls ``torch.distributed.nn.all_gather``, which torch
-    2.13 marks deprecated (FutureWarning) but still runs as before, gradients included. Only these two are filtered."""
-    warnings.filterwarnings("ignore", message=rf"FSDP2-wrapped module \((FSDP)?{re.escape(type(inner).__name__)}\) returned a view tensor",
-                            category=UserWarning)
+def _quiet_harmless() -> None:
+    """sentence-transformers' in-batch gather calls ``torch.distributed.nn.all_gather``, which torch 2.13 marks
+    deprecated (FutureWarning) but still runs as before, gradients included; only that warning is filtered. (FSDP2's
+    view-tensor warning from the root unit is filtered where the root is sharded, ``parallel/fsdp.py``.)"""
     warnings.filterwarnings("ignore", message=r"torch\.distributed\.nn\.functional\.all_gather is deprecated", category=FutureWarning,
                             module=r"sentence_transformers\.")
 
