@@ -36,6 +36,7 @@ from halo_core.errors import ConfigError
 from halo_core.methods.reference import reference_given
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.layout_state import layout_of
+from halo_core.rl import execution
 from halo_core.rl.driver import RolloutDriver
 from halo_core.rl.engines import SamplingParams, engine_factory, known_engines
 from halo_core.rl.lookahead import Lookahead
@@ -70,6 +71,14 @@ class HaloGRPOConfig(GRPOConfig):
     sandbox_unisolated: bool = field(default=False, metadata={
         "help": "Run model-written code (code_tests, the python tool, code_contests) without the sandbox's isolation where "
                 "neither bwrap nor unshare works here; logged every time. Off: such a run is refused before start."})
+    execution_backend: str = field(default="local", metadata={
+        "help": "Where sandboxed code runs and is graded (code_tests, code_contests, the python tool): local, a pool on each "
+                "trainer's machine; ray, Ray tasks on the cluster at ray_address."})
+    execution_workers: int | None = field(default=None, metadata={
+        "help": "execution_backend: local: sandboxed executions at once per process; empty: the CPUs the process may use."})
+    ray_address: str | None = field(default=None, metadata={
+        "help": "execution_backend: ray: the cluster, as ray.init takes it (auto, ray://head:10001); empty: RAY_ADDRESS, "
+                "else a new local Ray instance."})
     tool_timeout_s: float | None = field(default=30.0, metadata={
         "help": "Seconds a tool call (an environment's methods included) may take; past it the model gets an error result."})
     engine_urls: list[str] = field(default_factory=list, metadata={
@@ -105,6 +114,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         config = kwargs["args"]
         if config.sandbox_unisolated:
             os.environ[UNISOLATED] = "1"  # read by the sandbox in this process and the ones it starts
+        execution.configure(config.execution_backend, config.execution_workers, config.ray_address)
         kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs))
         if config.tools:
             kwargs.setdefault("tools", load_tools(config.tools, config.tool_timeout_s))
@@ -313,6 +323,10 @@ def check(run: RunConfig, args, world: int = 1) -> None:
         raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
     load_rewards(args.reward_funcs)
     check_tools(args)  # environment and tools by name, tool_timeout_s
+    try:
+        execution.check(args.execution_backend, args.execution_workers, args.ray_address)
+    except ConfigError as exc:
+        raise ConfigError(f"{run.source}: {exc}") from None
     running = code_executors(args)
     if running and not args.sandbox_unisolated and isolation() is None:
         raise ConfigError(f"{run.source}: {', '.join(running)}: {REFUSAL}")

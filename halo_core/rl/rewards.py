@@ -17,7 +17,8 @@ Built-ins:
   answer's shape a random-init policy finds within a minute once a few of its completions stop early.
 - ``code_tests``: the completion's code (the last fenced block, or all of it) run with the row's ``tests``
   (assert statements) in the isolated sandbox, each test graded from outside it (``halo_core.rl.sandbox``); 1.0
-  when every test ran to its end and passed.
+  when every test ran to its end and passed. The batch's completions are graded in parallel, on this machine or as
+  Ray tasks (``halo_core.rl.execution``); one whose execution crashed scores 0.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from importlib.metadata import entry_points
 from typing import Callable
 
 from halo_core.errors import ConfigError, HaloError
+from halo_core.rl import execution
 from halo_core.rl.sandbox import executes_code, run_tests
 
 ENTRY_POINT_GROUP = "halo.rewards"
@@ -85,8 +87,9 @@ def brevity(prompts, completions, completion_ids, **kwargs) -> list[float]:
 
 @executes_code
 def code_tests(prompts, completions, tests, timeout_s: float = 5.0, memory_mb: int = 512, **kwargs) -> list[float]:
-    reports = [run_tests(code_block(text(c)), [str(x) for x in t], timeout_s, memory_mb) for c, t in zip(completions, tests)]
-    return [1.0 if r.total and r.passed == r.total else 0.0 for r in reports]
+    jobs = [(code_block(text(c)), [str(x) for x in t], timeout_s, memory_mb) for c, t in zip(completions, tests)]
+    reports = execution.run_all(run_tests, jobs)  # in parallel (execution_backend); None: the execution crashed
+    return [1.0 if r is not None and r.total and r.passed == r.total else 0.0 for r in reports]
 
 
 def code_block(completion: str) -> str:

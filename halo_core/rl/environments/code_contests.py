@@ -10,6 +10,7 @@ answer's code as well add ``code_tests`` to ``reward_funcs`` (all tests or nothi
 
 from __future__ import annotations
 
+from halo_core.rl import execution
 from halo_core.rl.rewards import code_block
 from halo_core.rl.sandbox import executes_code, run_tests
 
@@ -36,7 +37,11 @@ class CodeContests:
         Returns:
             How many tests passed, and the first failure.
         """
-        report = run_tests(code_block(code), self._tests, self.timeout_s, self.memory_mb)
+        # The instance (its tests, its score) stays with the rollout; only the execution goes to the pool or Ray.
+        report = execution.run_one(run_tests, code_block(code), self._tests, self.timeout_s, self.memory_mb)
+        if report is None:
+            self._score = 0.0
+            return f"0/{len(self._tests)} tests passed; the grader's worker crashed"
         self._score = report.fraction
         return report.summary(self.timeout_s)
 

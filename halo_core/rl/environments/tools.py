@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import operator
 
+from halo_core.rl import execution
 from halo_core.rl.sandbox import executes_code, run_python
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -46,6 +47,8 @@ def python(code: str) -> str:
     Returns:
         What it printed, then any error, cut to 1000 characters.
     """
-    run = run_python(code, timeout_s=10.0, memory_mb=512)
+    run = execution.run_one(run_python, code, 10.0, 512)  # on this machine's pool or a Ray worker (execution_backend)
+    if run is None:
+        raise RuntimeError("the sandbox's worker crashed; the program may not have run")  # TRL hands the model an error
     error = run.stderr.strip().splitlines()[-1:] if run.returncode else ["(timed out after 10 s)"] if run.timed_out else []
     return "\n".join([run.stdout.rstrip("\n"), *error]).strip("\n")[:1000]
