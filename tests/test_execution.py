@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -61,6 +62,11 @@ def test_a_crashed_execution_scores_zero_for_its_item_alone_and_is_counted(backe
     environment.reset(tests=TESTS)
     assert environment.run_tests(RIGHT) == "2/2 tests passed" and environment.get_reward() == 1.0
     assert environment.run_tests("crash") == "0/2 tests passed; the grader's worker crashed" and environment.get_reward() == 0.0
+    from halo_core.rl.environments.tools import python
+
+    monkeypatch.setattr("halo_core.rl.environments.tools.run_python", lambda *args: _crashing("crash", *args[1:], None))
+    with pytest.raises(RuntimeError, match="the sandbox's worker crashed"):  # TRL hands the model an error result
+        python("print(1)")
 
 
 def test_a_refused_sandbox_still_ends_the_run_through_the_pool(backend, monkeypatch):
@@ -79,7 +85,7 @@ def test_a_refused_sandbox_still_ends_the_run_through_the_pool(backend, monkeypa
 @pytest.fixture(scope="module")
 def ray_instance():
     ray = pytest.importorskip("ray")  # in the test extra: skips only outside it
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never a cluster already running here
     yield ray
     ray.shutdown()
 
@@ -95,6 +101,13 @@ def test_ray_tasks_grade_in_order_and_a_dead_worker_scores_zero(ray_instance, ba
     before = execution.crashes
     assert execution.run_all(os._exit, [(1,)]) == [None]  # the worker process dies mid-task
     assert execution.crashes == before + 1 and "1 of 1 sandboxed executions crashed" in caplog.text
+    ray_instance.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _refused travels by value
+    with pytest.raises(sandbox.SandboxError, match="cannot be isolated"):  # a node without isolation ends the run
+        execution.run_all(_refused, [()])
+
+
+def _refused():
+    raise sandbox.SandboxError(sandbox.REFUSAL)
 
 
 @pytest.mark.parametrize("fields, says", [
