@@ -114,6 +114,7 @@ def _refused():
     ("execution_backend: dask\n", "execution_backend: 'dask' is unknown; use local (a pool on each machine) or ray"),
     ("execution_workers: 0\n", "execution_workers: 0 must be 1 or more"),
     ("ray_address: auto\n", "ray_address: 'auto' is set but execution_backend is 'local'; set execution_backend: ray"),
+    ("execution_backend: ray\nexecution_workers: 4\n", "execution_workers: 4 sizes the local pool, but execution_backend is ray"),
     ("execution_backend: ray\n", "execution_backend: ray needs the ray package, which is not installed: pip install 'halo-core[rl]'"),
 ])
 def test_bad_execution_keys_are_refused_before_start(tmp_path, monkeypatch, fields, says):
@@ -126,7 +127,8 @@ def test_bad_execution_keys_are_refused_before_start(tmp_path, monkeypatch, fiel
     from launch_kit import write_run
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
+    if "needs the ray package" in says:
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find_spec(name, *a))
     run = load_run_config("grpo", grpo.HaloGRPOConfig, write_run(tmp_path, "prompts", "reward_funcs: [exact_answer]\n" + fields),
                           parse_overrides([]))
     with pytest.raises(ConfigError) as caught:

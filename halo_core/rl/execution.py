@@ -55,6 +55,9 @@ def check(backend: str, workers: int | None, ray_address: str | None) -> None:
     if backend == "ray" and importlib.util.find_spec("ray") is None:
         raise ConfigError("execution_backend: ray needs the ray package, which is not installed: pip install 'halo-core[rl]' "
                           "(or pip install ray), or use execution_backend: local")
+    if workers is not None and backend == "ray":
+        raise ConfigError(f"execution_workers: {workers} sizes the local pool, but execution_backend is ray (Ray runs as many tasks at "
+                          f"once as its cluster has CPUs); drop execution_workers, or use execution_backend: local")
     if ray_address and backend != "ray":
         raise ConfigError(f"ray_address: {ray_address!r} is set but execution_backend is {backend!r}; set execution_backend: ray, "
                           f"or drop ray_address")
