@@ -6,7 +6,8 @@ import json
 import os
 
 from halo_core.rl.rewards import code_tests
-from halo_core.rl.sandbox import executes_code
+from halo_core.rl.environments.tools import python
+from halo_core.rl.sandbox import executes_code, isolation
 
 
 def token_sum(prompts, completions, completion_ids, **kwargs):
@@ -42,11 +43,17 @@ HACK = "import os\nos._exit(0)"
 def code_by_parity(prompts, completions, completion_ids, tests, **kwargs):
     """``code_tests`` on ``RIGHT`` where the completion's first token id is even and on ``HACK`` where it is odd (a
     random-init policy writes no code), so a launch's rewards say whether the sandbox graded each one; each call's
-    first ids and rewards go to ``$HALO_TEST_RECORD.RANK``."""
+    first ids, rewards, the mechanism isolating this rank's runs, and what the ``python`` tool saw when it read the
+    record's own file go to ``$HALO_TEST_RECORD.RANK``."""
     solutions = [RIGHT if ids[0] % 2 == 0 else HACK for ids in completion_ids]
     rewards = code_tests(prompts, solutions, tests, timeout_s=10.0)
     path = os.environ.get("HALO_TEST_RECORD")
     if path:
-        with open(f"{path}.{os.environ.get('RANK', '0')}", "a") as record:
-            record.write(json.dumps({"first": [ids[0] for ids in completion_ids], "rewards": rewards}) + "\n")
+        mine = f"{path}.{os.environ.get('RANK', '0')}"
+        with open(mine, "a") as record:
+            record.write("")
+        escape = python(f"print(open({mine!r}).read())")  # the trainer's own file, from inside the sandbox
+        with open(mine, "a") as record:
+            record.write(json.dumps({"first": [ids[0] for ids in completion_ids], "rewards": rewards, "isolation": isolation(),
+                                     "escape": escape}) + "\n")
     return rewards

@@ -139,7 +139,8 @@ def test_bad_execution_keys_are_refused_before_start(tmp_path, monkeypatch, fiel
 @needs_isolation
 def test_halo_launch_grpo_grades_code_in_the_sandbox_through_the_pool(tmp_path):
     """One process, three steps: every completion's code (a right solution or ``os._exit(0)``, by its first token)
-    graded by ``code_tests`` in the sandbox through a pool of two; the run logs the rewards it was given."""
+    graded by ``code_tests`` in the sandbox through a pool of two; the ``python`` tool, run from the same reward,
+    cannot read the trainer's files; the run logs the rewards it was given."""
     from launch_kit import launch, logged, write_run
 
     config = write_run(tmp_path, "prompts", "reward_funcs: [grpo_rewards.code_by_parity]\nexecution_workers: 2\n")
@@ -153,6 +154,7 @@ def test_halo_launch_grpo_grades_code_in_the_sandbox_through_the_pool(tmp_path):
     assert len(calls) == 3
     for call in calls:
         assert call["rewards"] == [1.0 if first % 2 == 0 else 0.0 for first in call["first"]], call
+        assert call["isolation"] in ("unshare", "bwrap") and "FileNotFoundError" in call["escape"], call  # isolated in the launch
     assert {r for call in calls for r in call["rewards"]} == {0.0, 1.0}, "both a right solution and the hack were graded"
     means = logged(out, "rewards/grpo_rewards.code_by_parity/mean")
     assert means == pytest.approx([sum(call["rewards"]) / len(call["rewards"]) for call in calls])
