@@ -84,3 +84,34 @@ def test_the_policy_searches_and_its_answer_is_graded(tmp_path, monkeypatch):
     assert all("[1] Tista: The Tista is a river" in s or "[1] Lapis lazuli: " in s for s in said), said
     logged = trainer.state.log_history[0]
     assert logged["tools/call_frequency"] == 1.0 and logged["rewards/qa_exact_match/mean"] == 0.5 and logged["rewards/qa_f1/mean"] == 0.5
+
+
+def test_the_embedded_default_runs_through_halo_launch(tmp_path):
+    """``templates/configs/tiny-search-qa-grpo.yaml``, one step: the environment made per rollout from the bundled rows
+    (the corpus found beside the data file from another working directory), the tool loop, both graders logged and a
+    checkpoint left."""
+    from conftest import run_halo
+    from launch_kit import noise_in
+
+    out = tmp_path / "run"
+    config = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-search-qa-grpo.yaml"
+    result = run_halo("launch", "grpo", str(config), "--nproc", "1", "--", f"--output_dir={out}", "--max_steps=1", "--save_steps=1",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not noise_in(result.stdout + result.stderr)
+    logged = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+    assert {"rewards/qa_f1/mean", "rewards/qa_exact_match/mean", "tools/call_frequency"} <= set(logged), logged
+    assert (out / "model.safetensors").exists()
+
+
+def test_the_tool_models_template_is_one_trl_parses():
+    """The tool defaults' tokenizer carries TRL's own Qwen3 template (TRL recognises templates by their text): if TRL's
+    copy changes, regenerate with templates/tiny/generate_environments.py."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import add_response_schema
+
+    tokenizer = add_response_schema(AutoTokenizer.from_pretrained(TINY / "tool-model"))
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "river Halden"}}\n</tool_call><|im_end|>'
+    parsed = tokenizer.parse_response(call, prefix="")
+    assert parsed["tool_calls"][0]["function"] == {"name": "search", "arguments": {"query": "river Halden"}}
+    assert tokenizer.eos_token == "<|im_end|>" and len(tokenizer) == json.loads((TINY / "tool-model" / "config.json").read_text())["vocab_size"]

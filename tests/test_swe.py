@@ -23,12 +23,12 @@ COMMIT = ROWS[0]["base_commit"]
 needs_isolation = pytest.mark.skipif(sandbox.isolation() is None, reason="neither bwrap nor unshare works here (test_sandbox tests the refusal)")
 
 
-def diff(path: str, old: str, new: str) -> str:
-    """A unified diff (git's a/ b/ form, three lines of context) replacing ``old`` with ``new`` in the base commit's file."""
+def diff(path: str, old: str, new: str, context: int = 3) -> str:
+    """A unified diff (git's a/ b/ form) replacing ``old`` with ``new`` in the base commit's file."""
     before = base_files(REPO, COMMIT)[path].decode() if path in base_files(REPO, COMMIT) else ""
     assert old in before or not before, f"{old!r} is not in {path}"
     after = before.replace(old, new) if before else new
-    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}" if before else "/dev/null", f"b/{path}"))
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{path}" if before else "/dev/null", f"b/{path}", n=context))
 
 
 MEAN_FIX = diff("statslib/stats.py", "(len(values) - 1)", "len(values)")
@@ -127,3 +127,49 @@ def test_a_json_sources_repo_is_taken_from_its_files_folder(tmp_path, monkeypatc
     other = tmp_path / "rows.jsonl"
     other.write_text(json.dumps({"prompt": "x", "repo": "owner/name"}) + "\n")
     assert load_source(DatasetSource(str(other)))[0]["repo"] == "owner/name"  # not a path beside the file: as written
+
+
+def test_the_policy_reads_the_repository_and_its_patch_is_graded(tmp_path, monkeypatch):
+    """One GRPO step in process, the engine scripted: every conversation reads a file through ``read_file``
+    (TRL hands it back without loss), then answers with a patch, the right fix for half the rows; ``swe_tests``
+    scores them in the sandbox."""
+    from test_environments import _rows, assert_spans, tool_call, train_one_step
+
+    if sandbox.isolation() is None:
+        pytest.skip("neither bwrap nor unshare works here (test_sandbox tests the refusal)")
+    rows = [dict(row, repo=REPO) for row in ROWS]
+
+    def script(tokenizer, row, turn, prompt):
+        if turn == 0:  # each conversation its own first turn
+            return tool_call(tokenizer, "qwen3", "read_file", {"path": "statslib/__init__.py" if row % 2 else "./statslib/__init__.py"})
+        # one line of context: the scripted engine spells every character as a token, within max_completion_length
+        fix = diff("statslib/stats.py", "(len(values) - 1)", "len(values)", context=1)
+        if "median([4, 1, 3, 2]) returns 3" in prompt:
+            fix = diff("statslib/stats.py", "    return ordered[len(ordered) // 2]", "    return (ordered[len(ordered) // 2 - 1] + "
+                       "ordered[len(ordered) // 2]) / 2 if len(ordered) % 2 == 0 else ordered[len(ordered) // 2]", context=1)
+        return f"```diff\n{fix if row % 2 == 0 else fix.replace('+    return ', '+    return 1 + ')}```<|im_end|>"
+
+    tokenizer, engine, seen, trainer = train_one_step(tmp_path, monkeypatch, "qwen3", script, rows, environment="swe",
+                                                      reward_funcs=["swe_tests"])
+    said = [tokenizer.decode(assert_spans(row, engine.emitted)[1]) for row in _rows(seen)]
+    assert all("from statslib.stats import mean, median" in s for s in said), said
+    logged = trainer.state.log_history[0]
+    assert logged["tools/call_frequency"] == 1.0 and logged["rewards/swe_tests/mean"] == 0.5, logged
+
+
+def test_the_embedded_default_runs_through_halo_launch(tmp_path):
+    """``templates/configs/tiny-swe-grpo.yaml``, one step: the environment made per rollout from the bundled rows (the
+    repository found beside the data file from another working directory), the tool loop, ``swe_tests`` logged and a
+    checkpoint left. The random policy writes no patch: its reward is 0, as the config says."""
+    from conftest import run_halo
+    from launch_kit import noise_in
+
+    out = tmp_path / "run"
+    config = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-swe-grpo.yaml"
+    result = run_halo("launch", "grpo", str(config), "--nproc", "1", "--", f"--output_dir={out}", "--max_steps=1", "--save_steps=1",
+                      cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not noise_in(result.stdout + result.stderr)
+    logged = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+    assert logged["rewards/swe_tests/mean"] == 0.0 and "tools/call_frequency" in logged, logged
+    assert (out / "model.safetensors").exists()

@@ -5,8 +5,9 @@
 - ``swe/statslib.bundle``: a git repository (one file, ``git bundle``) of a tiny Python package with two bugs and its
   own tests, committed with fixed names and dates so its commit id never changes; ``data/swe.jsonl``: one task per bug.
 - ``data/corpus.jsonl`` (passages) and ``data/search_qa.jsonl`` (questions whose answers are in them).
-- ``tool-model/``: the tiny tokenizer with Qwen3's chat tokens and TRL's copy of Qwen3's chat template (TRL parses
-  tool calls only for templates it knows), and the tiny Qwen3-MoE config sized for prompts that list tools.
+- ``tool-model/``: a tiny tokenizer with Qwen3's chat tokens, trained on these defaults' rendered prompts, with TRL's
+  copy of Qwen3's chat template (TRL parses tool calls only for templates it knows), and the tiny Qwen3-MoE config
+  with its vocabulary and room for prompts that list tools.
 """
 
 from __future__ import annotations
@@ -101,19 +102,53 @@ def repository(bundle: Path) -> str:
         return git("rev-parse", "HEAD", cwd=work).strip()
 
 
+def _conversations(template: str) -> list[str]:
+    """What the tool defaults' prompts render to (their tools listed by Qwen3's template), a tool call and a tool turn:
+    the text the tool model's tokenizer is trained on, so a prompt that lists tools is a few hundred tokens, not a
+    thousand (the hf engine's generation recomputes the whole sequence at every token)."""
+    import inspect
+
+    from transformers import AutoTokenizer
+
+    from halo_core.rl.environments.search_qa import SearchQA
+    from halo_core.rl.environments.swe import SWE
+
+    renderer = AutoTokenizer.from_pretrained(HERE / "model")
+    renderer.chat_template = template
+    texts = []
+    for environment, data in ((SWE, "swe.jsonl"), (SearchQA, "search_qa.jsonl")):
+        tools = [f for name, f in inspect.getmembers(environment, inspect.isfunction) if name not in ("reset", "get_reward") and not name.startswith("_")]
+        for line in (HERE / "data" / data).read_text().splitlines():
+            row = json.loads(line)
+            call = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {
+                "name": tools[0].__name__, "arguments": {name: "statslib/stats.py Halden" for name in list(inspect.signature(tools[0]).parameters)[1:]}}}]}
+            messages = row["prompt"] + [call, {"role": "tool", "name": tools[0].__name__, "content": "[1] Halden: a town"},
+                                        {"role": "assistant", "content": "Answer: Tista"}]
+            texts.append(renderer.apply_chat_template(messages, tools=tools, tokenize=False))
+    return texts
+
+
 def tool_model(folder: Path) -> None:
-    from transformers import AutoConfig, AutoTokenizer
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoConfig, PreTrainedTokenizerFast
     import trl
 
-    tokenizer = AutoTokenizer.from_pretrained(HERE / "model")
-    tokenizer.add_special_tokens({"additional_special_tokens": TOOL_SPECIAL})
-    tokenizer.add_tokens(TOOL_PLAIN)
-    tokenizer.eos_token = "<|im_end|>"
-    tokenizer.chat_template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    template = (Path(trl.__file__).parent / "chat_templates" / "qwen3.jinja").read_text()
+    texts = _conversations(template) + list(REPO.values()) + [f"{title}: {body}" for title, body in PASSAGES]
+    texts += [m["content"] for line in (HERE / "data" / "arithmetic.jsonl").read_text().splitlines()[:500]
+              for m in (lambda row: row["prompt"] + row["completion"])(json.loads(line))]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1024, special_tokens=["<pad>", *TOOL_SPECIAL],
+                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>", bos_token=None)
+    fast.add_tokens(TOOL_PLAIN)
+    fast.chat_template = template
     folder.mkdir(exist_ok=True)
-    tokenizer.save_pretrained(folder)
-    config = AutoConfig.from_pretrained(HERE / "model", vocab_size=len(tokenizer), max_position_embeddings=2048,
-                                        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    fast.save_pretrained(folder)
+    config = AutoConfig.from_pretrained(HERE / "model", vocab_size=len(fast), max_position_embeddings=1024, pad_token_id=fast.pad_token_id,
+                                        eos_token_id=fast.eos_token_id)
     config.save_pretrained(folder)
 
 
