@@ -173,3 +173,22 @@ def test_the_embedded_default_runs_through_halo_launch(tmp_path):
     logged = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
     assert logged["rewards/swe_tests/mean"] == 0.0 and "tools/call_frequency" in logged, logged
     assert (out / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("config, refused", [("tiny-swe-grpo.yaml", "reward_funcs: swe_tests, environment: swe"), ("tiny-search-qa-grpo.yaml", None)])
+def test_where_nothing_isolates_the_swe_default_is_refused_and_search_qa_is_not(monkeypatch, config, refused):
+    """``swe`` executes the policy's patch (its environment and its reward), so it needs the sandbox's isolation before
+    start; ``search_qa`` executes nothing."""
+    from halo_core.errors import ConfigError
+    from halo_core.methods import grpo
+    from halo_core.trainers.run_checks import check_run
+    from halo_core.trainers.run_config import load_run_config, parse_overrides
+
+    monkeypatch.setattr(grpo, "isolation", lambda: None)
+    path = Path(__file__).resolve().parents[1] / "templates" / "configs" / config
+    run = load_run_config("grpo", grpo.HaloGRPOConfig, path, parse_overrides([]))
+    if refused is None:
+        check_run(run, 1)
+        return
+    with pytest.raises(ConfigError, match=f"{refused}: model-written code cannot be isolated"):
+        check_run(run, 1)
