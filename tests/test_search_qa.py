@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from halo_core.rl.environments import load_environment
-from halo_core.rl.environments.search_qa import answer_of, exact_match, normalize, qa_exact_match, qa_f1, token_f1
+from halo_core.rl.environments.answers import answer_of, exact_match, normalize, qa_exact_match, qa_f1, token_f1
 
 TINY = Path(__file__).resolve().parents[1] / "templates" / "tiny"
 CORPUS = str(TINY / "data" / "corpus.jsonl")
@@ -115,3 +115,20 @@ def test_the_tool_models_template_is_one_trl_parses():
     parsed = tokenizer.parse_response(call, prefix="")
     assert parsed["tool_calls"][0]["function"] == {"name": "search", "arguments": {"query": "river Halden"}}
     assert tokenizer.eos_token == "<|im_end|>" and len(tokenizer) == json.loads((TINY / "tool-model" / "config.json").read_text())["vocab_size"]
+
+
+def test_without_bm25s_the_environment_is_refused_before_start_naming_the_extra(monkeypatch):
+    import sys
+
+    from halo_core.errors import ConfigError
+    from halo_core.methods.grpo import HaloGRPOConfig
+    from halo_core.rl.environments import check_tools
+
+    monkeypatch.setitem(sys.modules, "bm25s", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "halo_core.rl.environments.search_qa", raising=False)
+    args = HaloGRPOConfig(output_dir="unused", use_cpu=True, report_to="none", reward_funcs=["qa_f1"], environment="search_qa")
+    with pytest.raises(ConfigError) as caught:
+        check_tools(args)
+    message = str(caught.value)
+    assert message.startswith("environment: 'search_qa' cannot be loaded") and "pip install 'halo-core[rl]'" in message, message
+    assert "\n" not in message
