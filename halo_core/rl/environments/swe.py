@@ -27,7 +27,6 @@ import tempfile
 import inspect
 from pathlib import Path
 
-from halo_core.rl.rewards import text
 from halo_core.rl.sandbox import TestReport, executes_code, run_tests
 
 _DIFF = re.compile(r"```(?:diff|patch)?[ \t]*\n(.*?)```", re.S)
