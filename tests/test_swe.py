@@ -70,6 +70,8 @@ def test_the_grader_says_why_a_patch_failed():
     assert "the patch changes the test file tests/test_mean.py" in touched.failures[0], touched
     added = grade(MEAN_FIX + diff("tests/conftest.py", "", "x = 1\n"), REPO, COMMIT, command, 10.0)
     assert "the patch adds the test file tests/conftest.py" in added.failures[0], added
+    missing = grade(MEAN_FIX, REPO, COMMIT, "pytest tests/test_mean.py::test_mean_of_three tests/test_mean.py::test_nope", 10.0)
+    assert (missing.passed, missing.total) == (1, 2) and "has no module-level test function 'test_nope'" in missing.failures[0], missing
     half = grade(diff("statslib/stats.py", "(len(values) - 1)", "max(len(values) - 1, 1)"), REPO, COMMIT, command, 10.0)
     assert (half.passed, half.total) == (1, 2) and "AssertionError: 3.0 Eq 2" in half.failures[0], half
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import inspect
 import io
 import os
 import re
@@ -24,7 +26,6 @@ import shlex
 import subprocess
 import tarfile
 import tempfile
-import inspect
 from pathlib import Path
 
 from halo_core.rl.sandbox import TestReport, executes_code, run_tests
@@ -93,7 +94,7 @@ def selected_tests(test_command: str, files: dict[str, bytes]) -> dict[str, list
 
 def _test_bodies(source: str, names: list[str], file: str) -> list[tuple[str, str]]:
     """``(id, statements)`` of each module-level ``test_*`` function chosen; one with parameters (pytest fixtures) or
-    ``async`` becomes a test that fails saying so."""
+    ``async``, or a name the file does not define, becomes a test that fails saying so."""
     tests = []
     for node in ast.parse(source).body:
         if not (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")):
@@ -106,21 +107,24 @@ def _test_bodies(source: str, names: list[str], file: str) -> list[tuple[str, st
             tests.append((ident, "raise TypeError('async tests and pytest fixtures are not supported by the grader')"))
         else:
             tests.append((ident, "\n".join(ast.unparse(statement) for statement in node.body)))
+    found = {ident.rpartition("::")[2] for ident, _ in tests}
+    tests += [(f"{file}::{name}", f"raise LookupError({f'{file} has no module-level test function {name!r}'!r})") for name in names if name not in found]
     return tests
 
 
 # Runs inside the sandbox before any of the patched code: applies the patch with git, checks that no test file changed
-# or appeared, then imports the base commit's test module (the patched code's first run). Raising fails every test.
+# (by its SHA-256: the program travels as an argument, so it carries no file bodies) or appeared, then imports the test
+# module, unchanged from the base commit (the patched code's first run). Raising fails every test.
 _PRELUDE = """
-import os as _os, subprocess as _subprocess, sys as _sys
+import hashlib as _hashlib, os as _os, subprocess as _subprocess, sys as _sys
 _env = {"PATH": "/usr/bin:/bin", "HOME": _os.getcwd(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": _os.devnull}
 _done = _subprocess.run(["git", "apply", "--whitespace=nowarn", "../patch.diff"], cwd="repo", env=_env,
                         capture_output=True, text=True)
 if _done.returncode:
     raise RuntimeError("the patch does not apply: " + (_done.stderr.strip().splitlines() or ["git apply failed"])[-1])
-for _path, _data in TEST_FILES.items():
+for _path, _digest in TEST_FILES.items():
     _here = _os.path.join("repo", _path)
-    if not _os.path.isfile(_here) or open(_here, "rb").read() != _data:
+    if not _os.path.isfile(_here) or _hashlib.sha256(open(_here, "rb").read()).hexdigest() != _digest:
         raise RuntimeError("the patch changes the test file " + _path)
 for _folder, _dirs, _names in _os.walk("repo"):
     for _name in _names:
@@ -129,8 +133,8 @@ for _folder, _dirs, _names in _os.walk("repo"):
             raise RuntimeError("the patch adds the test file " + _path)
 _os.chdir("repo")
 _sys.path.insert(0, _os.getcwd())
-del _os, _subprocess, _sys, _env, _done
-exec(compile(TEST_SOURCE, TEST_NAME, "exec"), globals())
+del _hashlib, _os, _subprocess, _sys, _env, _done
+exec(compile(open(TEST_NAME, "rb").read(), TEST_NAME, "exec"), globals())
 """
 
 
@@ -140,13 +144,13 @@ def grade(patch: str, repo: str, base_commit: str, test_command: str, timeout_s:
     apply, or that touches a test file, fails every test."""
     files = base_files(repo, base_commit)
     chosen = selected_tests(test_command, files)
-    tests_of_base = {path: data for path, data in files.items() if is_test_file(path)}
+    tests_of_base = {path: hashlib.sha256(data).hexdigest() for path, data in files.items() if is_test_file(path)}
     placed = {f"repo/{path}": data for path, data in files.items()} | {"patch.diff": patch.encode()}
     passed, total, failures, timed_out = 0, 0, [], False
     for file, names in chosen.items():
         source = files[file].decode()
         tests = _test_bodies(source, names, file)
-        prelude = "\n".join([f"TEST_FILES = {tests_of_base!r}", f"TEST_SOURCE = {source!r}", f"TEST_NAME = {file!r}",
+        prelude = "\n".join([f"TEST_FILES = {tests_of_base!r}", f"TEST_NAME = {file!r}",
                              inspect.getsource(is_test_file), _PRELUDE])
         report = run_tests(prelude, [body for _, body in tests], timeout_s, memory_mb, files=placed)
         passed += report.passed
