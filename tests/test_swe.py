@@ -194,3 +194,15 @@ def test_where_nothing_isolates_the_swe_default_is_refused_and_search_qa_is_not(
         return
     with pytest.raises(ConfigError, match=f"{refused}: model-written code cannot be isolated"):
         check_run(run, 1)
+
+
+@pytest.mark.parametrize("mechanism", ["unshare", "bwrap"])
+def test_the_repository_is_patched_and_graded_through_each_mechanism(monkeypatch, mechanism):
+    """The copy placed in the sandbox's folder is the program's to patch under either mechanism (``unshare`` runs it as
+    uid 65534, which must own the files; ``bwrap`` maps the trainer's user)."""
+    if not sandbox.works(mechanism):
+        pytest.skip(f"{mechanism} does not run here")
+    monkeypatch.setattr(sandbox, "isolation", lambda: mechanism)
+    command = ROWS[0]["test_command"]
+    assert grade(MEAN_FIX, REPO, COMMIT, command, 10.0).passed == 2
+    assert grade(PATCHES["a weakened test alone"][0], REPO, COMMIT, command, 10.0).passed == 0
