@@ -38,8 +38,10 @@ def test_the_bundled_configs_pass(config, tmp_path, monkeypatch):
 
     method = method_of(config)
     run = load_run_config(method, get_method(method).config_class, config, parse_overrides([]))
-    check_run(run, 2)  # the world each bundled config is written for (--nproc 2): a method's own checks may read it
-    check_layout(run, 2)
+    written = re.search(r"--nproc (\d+)", config.read_text())  # the world each bundled config is written for (its header's
+    world = int(written[1]) if written else 2                     # command; --nproc 2 else): a method's own checks may read it
+    check_run(run, world)
+    check_layout(run, world)
 
 
 def test_every_method_has_a_bundled_config():

@@ -157,13 +157,29 @@ def _mechanism() -> str | None:
     return name
 
 
+def _place(folder: Path, files: dict[str, bytes], owner: int | None) -> None:
+    """``files`` (relative path -> bytes) written into the private folder before the program starts (a repository the
+    program works on), owned by the program's user so it may change them."""
+    for name, data in files.items():
+        path = folder / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not path.resolve().is_relative_to(folder.resolve()):
+            raise ValueError(f"sandbox file {name!r} is not a relative path inside the sandbox's folder")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    if owner is not None:
+        for path in folder.rglob("*"):
+            os.chown(path, owner, owner, follow_symlinks=False)
+
+
 @contextlib.contextmanager
-def _started(name: str | None, program: str, memory_mb: int, env: dict | None, stdin, stdout, stderr):
-    """The program's process in a fresh private folder, killed with everything it started when the block ends."""
+def _started(name: str | None, program: str, memory_mb: int, env: dict | None, stdin, stdout, stderr, files: dict | None = None):
+    """The program's process in a fresh private folder (holding ``files``), killed with everything it started when the
+    block ends."""
     with tempfile.TemporaryDirectory(prefix="halo-sandbox-") as place:
         folder, root = Path(place, "sandbox"), Path(place, "root")
         folder.mkdir()
         root.mkdir()
+        _place(folder, files or {}, NOBODY if name == "unshare" else None)
         if name == "unshare":
             os.chown(folder, NOBODY, NOBODY)
         command = [sys.executable, "-I", "-c", _limits(memory_mb) + program]
@@ -179,9 +195,10 @@ def _started(name: str | None, program: str, memory_mb: int, env: dict | None, s
             child.wait()
 
 
-def _run(name, program, timeout_s, memory_mb, env, keep) -> Run:
+def _run(name, program, timeout_s, memory_mb, env, keep, given=None) -> Run:
     files = lambda place, which: open(Path(place, which), "wb")  # noqa: E731
-    with _started(name, program, memory_mb, env, subprocess.DEVNULL, lambda p: files(p, ".stdout"), lambda p: files(p, ".stderr")) as (child, folder, place):
+    with _started(name, program, memory_mb, env, subprocess.DEVNULL, lambda p: files(p, ".stdout"), lambda p: files(p, ".stderr"),
+                  given) as (child, folder, place):
         try:
             returncode = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -190,9 +207,11 @@ def _run(name, program, timeout_s, memory_mb, env, keep) -> Run:
         return Run(returncode, read(Path(place, ".stdout")), read(Path(place, ".stderr")), {k: read(folder / k) for k in keep})
 
 
-def run_python(program: str, timeout_s: float, memory_mb: int, env: dict | None = None, keep: tuple[str, ...] = ()) -> Run:
-    """``program`` run isolated under the limits above; ``keep``: files of its folder to read back."""
-    return _run(_mechanism(), program, timeout_s, memory_mb, env, keep)
+def run_python(program: str, timeout_s: float, memory_mb: int, env: dict | None = None, keep: tuple[str, ...] = (),
+               files: dict[str, bytes] | None = None) -> Run:
+    """``program`` run isolated under the limits above; ``files``: relative path -> bytes placed in its folder first;
+    ``keep``: files of its folder to read back."""
+    return _run(_mechanism(), program, timeout_s, memory_mb, env, keep, files)
 
 
 # The solution's own process: it runs the solution, then answers the grader's requests one JSON line each on the
@@ -280,18 +299,25 @@ class _Worker:
 
 
 def _grade(test: str, worker: _Worker) -> None:
-    """Raises ``_Failed`` unless ``test`` ran to its end and held. Its statements but the last run in the solution's
-    process; a last ``assert`` is decided here: each side of a comparison (or the whole condition) not a literal is
-    evaluated there and comes back as data, the comparison made here, so a forged exit, record or ``__eq__`` passes nothing."""
+    """Raises ``_Failed`` unless ``test`` ran to its end and held. Its statements run in the solution's process, but
+    each ``assert`` among them (at the test's top level) is decided here: each side of a comparison (or the whole
+    condition) not a literal is evaluated there and comes back as data, the comparison made here, so a forged exit,
+    record or ``__eq__`` passes nothing."""
     try:
-        *body, last = ast.parse(test).body
+        statements = ast.parse(test).body
     except (SyntaxError, ValueError) as exc:
         raise _Failed(f"the test does not parse: {exc}") from None
-    for statement in body:
-        worker.ask("exec", ast.unparse(statement))
-    if not isinstance(last, ast.Assert):
-        worker.ask("exec", ast.unparse(last))
-        return
+    if not statements:
+        raise _Failed("the test is empty")
+    for statement in statements:
+        if isinstance(statement, ast.Assert):
+            _decide(statement, worker)
+        else:
+            worker.ask("exec", ast.unparse(statement))
+
+
+def _decide(last: ast.Assert, worker: _Worker) -> None:
+    """One ``assert``, decided in the grader from the data its sides evaluate to in the solution's process."""
 
     def value(node):
         try:
@@ -336,14 +362,16 @@ class TestReport:
         return line[:500]
 
 
-def run_tests(solution: str, tests: list[str], timeout_s: float, memory_mb: int) -> TestReport:
+def run_tests(solution: str, tests: list[str], timeout_s: float, memory_mb: int, files: dict[str, bytes] | None = None) -> TestReport:
     """``solution`` in the sandbox, then each of ``tests`` (statements, e.g. ``assert f(2) == 4``) graded from
     outside it (``_grade``): a test passes only when the grader saw it run to its end and hold. Tests not reached
-    before a timeout or the program's end count as failed."""
+    before a timeout or the program's end count as failed. ``files`` (relative path -> bytes) are placed in the
+    sandbox's folder, the solution's working directory, before it starts."""
     program = f"SOLUTION = {solution!r}\n" + _WORKER
     name = _mechanism()
     passed, failures, timed_out = 0, [], False
-    with _started(name, program, memory_mb, None, subprocess.PIPE, lambda p: subprocess.PIPE, lambda p: subprocess.DEVNULL) as (child, _, _):
+    with _started(name, program, memory_mb, None, subprocess.PIPE, lambda p: subprocess.PIPE, lambda p: subprocess.DEVNULL,
+                  files) as (child, _, _):
         worker = _Worker(child, time.monotonic() + timeout_s)
         try:
             kind, text = worker.answer()

@@ -33,7 +33,10 @@ def known(group: str) -> list[str]:
 def _resolve(key: str, group: str, name: str, example: str):
     found = {ep.name: ep for ep in entry_points(group=group)}
     if name in found:
-        return found[name].load()
+        try:
+            return found[name].load()
+        except ImportError as exc:  # a library it needs is missing: the error says which and how to install it
+            raise ConfigError(f"{key}: {name!r} cannot be loaded: {exc}") from None
     module, _, attribute = name.rpartition(".")
     why = ""
     if module:

@@ -27,7 +27,21 @@ def load_source(source: DatasetSource):
     loaded = loaded.rename_columns(source.rename_columns) if source.rename_columns else loaded
     if source.streaming:
         return loaded  # rows are read as training goes; image paths stay paths
-    return images_from_paths(loaded, path.parent) if path.suffix in (".jsonl", ".json") else loaded
+    return local_paths(images_from_paths(loaded, path.parent), path.parent) if path.suffix in (".jsonl", ".json") else loaded
+
+
+#: Columns naming a local file or folder an environment reads (``swe``'s repository, ``search_qa``'s corpus).
+PATH_COLUMNS = ("repo", "corpus")
+
+
+def local_paths(loaded, folder: Path):
+    """A JSON source's ``PATH_COLUMNS``, as its images: a relative path that exists beside the file is taken from
+    the file's folder, so bundled rows work from any working directory."""
+    for column in PATH_COLUMNS:
+        if column in loaded.column_names and loaded.features[column].dtype in ("string", "large_string"):
+            beside = lambda v: str(folder / v) if v and not Path(v).is_absolute() and (folder / v).exists() else v  # noqa: E731
+            loaded = loaded.map(lambda row: {column: beside(row[column])}, keep_in_memory=True)
+    return loaded
 
 
 def _kept(source: DatasetSource, names) -> list[str]:
