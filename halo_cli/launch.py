@@ -85,7 +85,10 @@ def _train(run: RunConfig, chosen, world: int, launcher_args: list[str], overrid
 
     try:
         if world == 1:
+            from halo_core.trainers.worker import _quiet_trl_aliases
+
             signal.signal(signal.SIGTERM, terminated)
+            _quiet_trl_aliases()  # as every worker does: one process is its own worker
             chosen.run(run)
             return 0
         return _torchrun(run, *where)

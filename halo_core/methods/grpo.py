@@ -114,6 +114,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         if config.tools:
             kwargs.setdefault("tools", load_tools(config.tools, config.tool_timeout_s))
         if config.environment:
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the environment key is the user's choice of TRL's experimental API
             kwargs.setdefault("environment_factory", load_environment(config.environment, config.tool_timeout_s, config.environment_kwargs))
         with reference_given(trl.trainer.grpo_trainer, ref_model):
             super().__init__(*args, **kwargs)
