@@ -137,7 +137,7 @@ def judge_model(tmp_path_factory):
 
 def test_the_judge_default_runs_through_halo_launch_with_a_local_judge(tmp_path, judge_model):
     out = tmp_path / "run"
-    result = run_halo("launch", "grpo", str(CONFIGS / "tiny-grpo-judge.yaml"), "--nproc", "1", "--", f"--output_dir={out}",
+    result = run_halo("launch", "grpo", str(CONFIGS / "tiny-judge-grpo.yaml"), "--nproc", "1", "--", f"--output_dir={out}",
                       "--max_steps=2", "--logging_steps=1", "--save_steps=2",
                       f"--reward_kwargs={json.dumps({'llm_judge': {'model': str(judge_model), 'max_score': 100}})}", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

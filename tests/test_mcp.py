@@ -91,12 +91,23 @@ def _running(marker: str) -> list[str]:
     return found
 
 
+def test_a_connection_starts_its_server_and_closing_it_ends_the_server():
+    """What the launch test below relies on: the marker shows the server while it runs, and closing ends it."""
+    from halo_core.rl.environments.mcp import DEFAULT_SERVER, Connection
+
+    marker = f"halo-mcp-close-{os.getpid()}"
+    opened = Connection((*DEFAULT_SERVER, marker))
+    assert [tool.name for tool in opened.tools] == ["add", "lookup"] and _running(marker)
+    opened.close()
+    assert not _running(marker)
+
+
 def test_the_mcp_default_runs_through_halo_launch(tmp_path):
     """Two steps of the embedded default, its server started with a marker argument (ignored by the server) so that
     the test can see that the run left none behind."""
     out, marker = tmp_path / "run", f"halo-mcp-test-{os.getpid()}"
     server = ["-I", str(Path(__import__("halo_core").__file__).parent / "rl" / "environments" / "mcp_server.py"), marker]
-    result = run_halo("launch", "grpo", str(CONFIGS / "tiny-grpo-mcp.yaml"), "--nproc", "1", "--", f"--output_dir={out}",
+    result = run_halo("launch", "grpo", str(CONFIGS / "tiny-mcp-grpo.yaml"), "--nproc", "1", "--", f"--output_dir={out}",
                       "--max_steps=2", "--logging_steps=1", "--save_steps=2",
                       f"--environment_kwargs={json.dumps({'server': [sys.executable, *server]})}", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
