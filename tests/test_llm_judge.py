@@ -121,6 +121,14 @@ def test_bad_judge_arguments_are_refused_before_start(names, options, says):
     assert says in str(caught.value) and "\n" not in str(caught.value), caught.value
 
 
+def test_a_local_judge_that_cannot_start_says_why(tmp_path):
+    from halo_core.rl.judge import local_judge
+
+    (tmp_path / "config.json").write_text("{}")  # passes the check before start, fails to load
+    with pytest.raises(RuntimeError, match=r"serving '.*' as the judge failed: ValueError: Unrecognized model"):
+        local_judge(str(tmp_path))
+
+
 @pytest.fixture(scope="module")
 def judge_model(tmp_path_factory):
     """The tiny model with weights, as the SFT default leaves it (random here: the wiring is what is tested)."""

@@ -30,6 +30,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -114,8 +115,9 @@ def local_judge(folder: str) -> str:
 
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)
 
+    errors = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe nobody reads: a chatty server would fill one and stall
     server = subprocess.Popen([sys.executable, "-m", "halo_core.testing.engine_server", "--model", folder, "--port", "0"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=die_with_parent)
+                              stdout=subprocess.PIPE, stderr=errors, text=True, preexec_fn=die_with_parent)
     atexit.register(lambda: (server.kill(), server.wait()))
     first = {}
     reader = threading.Thread(target=lambda: first.setdefault("line", server.stdout.readline()), daemon=True)
@@ -123,8 +125,12 @@ def local_judge(folder: str) -> str:
     reader.join(300.0)
     found = re.search(r"serving on (\S+)", first.get("line", ""))
     if found is None:
+        ended = "line" in first  # its stdout closed: it exited, and its last error line says why
+        if ended:
+            server.wait(30.0)
         server.kill()
-        error = (server.stderr.read() or "").strip().splitlines()[-1:] if server.poll() is not None else ["no reply in 300 s"]
+        errors.seek(0)
+        error = errors.read().strip().splitlines()[-1:] if ended else ["no reply in 300 s"]
         raise RuntimeError(f"llm_judge: serving {folder!r} as the judge failed: {error[0] if error else 'no message'}")
     return f"http://{found[1]}/v1"
 
