@@ -112,6 +112,7 @@ def test_a_rubric_column_replaces_the_argument_row_by_row(stub):
     (["llm_judge"], {"llm_judge": {"model": "no/such/folder"}}, "model: 'no/such/folder' is not a local model folder"),
     (["llm_judge"], {"llm_judge": {"base_url": "localhost:8000", "model": "m"}}, "base_url: 'localhost:8000' is not an http(s) URL"),
     (["llm_judge"], {"llm_judge": {"base_url": "http://h/v1", "modle": "m"}}, "['modle'] are not arguments of reward 'llm_judge'"),
+    (["llm_judge"], {"llm_judge": {"base_url": "http://h/v1", "prompts": []}}, "['prompts'] are not arguments of reward 'llm_judge'"),
     (["llm_judge"], {"llm_judge": {"base_url": "http://h/v1", "retries": -1}}, "retries: -1 must be a whole number of at least 0"),
     (["brevity"], {"llm_judge": {"model": "m"}}, "reward_kwargs: ['llm_judge'] are not in reward_funcs ['brevity']"),
 ])

@@ -146,10 +146,10 @@ def configured(name: str, function: Callable, options: dict) -> Callable:
     if not isinstance(options, dict):
         raise ConfigError(f"reward_kwargs: {name}: {options!r} must be a mapping of argument names to values")
     named = {p.name for p in inspect.signature(function).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    unknown = sorted(set(options) - named - {"prompts", "completions"})
+    named -= {"prompts", "completions"}  # TRL's to pass
+    unknown = sorted(set(options) - named)
     if unknown:
-        raise ConfigError(f"reward_kwargs: {name}: {unknown} are not arguments of reward {name!r}; it takes "
-                          f"{sorted(named - {'prompts', 'completions'})}")
+        raise ConfigError(f"reward_kwargs: {name}: {unknown} are not arguments of reward {name!r} it may be given; it takes {sorted(named)}")
     check = getattr(function, "check_options", None)
     if check is not None:
         try:
