@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def test_a_tool_call_reaches_the_server_through_trls_loop(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("kwargs, says", [
-    ({"server": [sys.executable, "-c", "raise SystemExit(3)"]}, "environment: 'mcp' could not be made (MCPError: MCP server"),
+    ({"server": [sys.executable, "-c", "import nope"]}, "did not start and list its tools (MCPError: Connection closed; its stderr's "
+                                                        "last line: ModuleNotFoundError: No module named 'nope')"),
     ({"server": []}, "environment_kwargs: server is empty"),
     ({"sever": ["x"]}, "environment_kwargs: {'sever': ['x']} do not fit environment 'mcp'"),
 ])
@@ -69,6 +71,17 @@ def test_a_bad_server_is_refused_before_start(kwargs, says):
     with pytest.raises(ConfigError) as caught:
         check_tools(args)
     assert says in str(caught.value) and "\n" not in str(caught.value), caught.value
+
+
+def test_the_cli_refuses_a_server_that_does_not_start_in_one_line(tmp_path):
+    from launch_kit import write_run
+
+    config = write_run(tmp_path, "prompts", f"reward_funcs: [brevity]\nenvironment: mcp\nenvironment_kwargs: {{server: [{sys.executable}, -c, 'import nope']}}\n")
+    done = subprocess.run([sys.executable, "-m", "halo_cli", "launch", "grpo", str(config), "--dry-run"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "environment: 'mcp' could not be made" in lines[0], done.stderr
+    assert "No module named 'nope'" in lines[0]
 
 
 def test_environment_kwargs_need_an_environment():

@@ -10,8 +10,8 @@ when the model writes a tool call. A call goes to the server (``tools/call``); i
 result the server flags as an error raises, so TRL hands the model ``{"error": ...}`` and counts a failure.
 
 One server per training process, started on first use and closed when the process ends (its stdin closed, then
-its process tree ended, as the SDK does): every rollout of the process shares it, so its tools should keep no state
-a rollout must not see from another. ``reset`` does nothing; a reward (``reward_funcs``) grades the answers.
+its process tree ended, as the SDK does); its stderr goes to a temporary file, quoted when it fails to start.
+Every rollout of the process shares it, so its tools should keep no state a rollout must not see from another. ``reset`` does nothing; a reward (``reward_funcs``) grades the answers.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import atexit
 import functools
 import inspect
 import sys
+import tempfile
 import threading
 from typing import Any
 
@@ -43,13 +44,15 @@ class Connection:
 
     def __init__(self, command: tuple[str, ...], start_timeout_s: float = START_TIMEOUT_S):
         from mcp import Client
-        from mcp.client.stdio import StdioServerParameters
+        from mcp.client.stdio import StdioServerParameters, stdio_client
 
         self.command = command
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="halo-mcp", daemon=True)
         self._thread.start()
-        self._client = Client(StdioServerParameters(command=command[0], args=list(command[1:])))
+        # The server's stderr goes to a file: quoted when it fails to start, kept off the run's console otherwise.
+        self._errors = tempfile.TemporaryFile(mode="w+")
+        self._client = Client(stdio_client(StdioServerParameters(command=command[0], args=list(command[1:])), errlog=self._errors))
         self._closed = False
         try:
             self._run(self._client.__aenter__(), start_timeout_s)
@@ -58,9 +61,11 @@ class Connection:
             self.close()
             while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # the SDK's task groups wrap the cause
                 exc = exc.exceptions[0]
+            self._errors.seek(0)
+            said = self._errors.read().strip().splitlines()[-1:]
             raise MCPError(f"MCP server {' '.join(command)!r} did not start and list its tools "
-                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}; its own error "
-                           f"is on stderr above)") from exc
+                           f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'}; "
+                           f"its stderr's last line: {said[0] if said else 'none'})") from exc
 
     def _run(self, coroutine, timeout_s: float | None):
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
