@@ -41,6 +41,29 @@ def test_the_servers_tools_become_methods_with_the_servers_schema():
     assert type(load_environment("mcp")()) is type(environment)  # one class per server: TRL matches rewards by type
 
 
+def test_optional_arguments_and_choices_keep_their_meaning():
+    """A schema argument that is not required defaults to None and is left out of the call; an enum stays one."""
+    from types import SimpleNamespace
+
+    from transformers.utils import get_json_schema
+
+    from halo_core.rl.environments.mcp import _tool_method
+
+    calls = []
+    tool = SimpleNamespace(name="search", description="Search the notes.", input_schema={
+        "type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "description": "Words to find."},
+            "limit": {"type": ["integer", "null"], "title": "Limit"},
+            "order": {"type": "string", "enum": ["new", "old"], "description": "Which first."}}})
+    server = SimpleNamespace(call=lambda name, arguments, timeout: calls.append((name, arguments)) or "found")
+    method = _tool_method(lambda self: server, tool)
+    holder = type("Holder", (), {"search": method, "call_timeout_s": None})()
+    schema = get_json_schema(holder.search)["function"]["parameters"]
+    assert schema["required"] == ["query"] and schema["properties"]["limit"]["type"] == "integer"
+    assert schema["properties"]["order"] == {"type": "string", "enum": ["new", "old"], "description": "Which first.", "nullable": True}
+    assert holder.search(query="tea") == "found" and calls == [("search", {"query": "tea"})]
+
+
 def test_a_tool_call_reaches_the_server_through_trls_loop(tmp_path, monkeypatch):
     from test_environments import _rows, assert_spans, tool_call, train_one_step
 
