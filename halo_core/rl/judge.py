@@ -149,13 +149,15 @@ def llm_judge(prompts, completions, base_url: str | None = None, model: str | No
         for p, c, r in zip(prompts, completions, rubrics)]
     failures = {"timeouts": 0, "errors": 0, "malformed": 0}
     last = {}
+    counting = threading.Lock()
 
     def one(body):
         try:
             return judge_one(url, body, api_key, timeout_s, retries, max_score)
         except _Failed as failed:
-            failures[failed.kind] += 1  # += on a dict item under the GIL: counts from threads add up
-            last[failed.kind] = str(failed)
+            with counting:
+                failures[failed.kind] += 1
+                last[failed.kind] = str(failed)
             return failed_score
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
