@@ -404,7 +404,7 @@ def undocumented(x):
 @pytest.mark.parametrize("fields, says, fix", [
     ({"tools": ["nope"]}, "tools: 'nope' is unknown; installed: ['calculator', 'python'], or a dotted import path", "'halo.tools' entry-point group"),
     ({"tools": ["no_module.f"]}, "tools: 'no_module.f' is unknown (importing 'no_module' failed", "'halo.tools' entry-point group"),
-    ({"environment": "maze"}, "environment: 'maze' is unknown; installed: ['code_contests', 'search_qa', 'swe']", "'halo.environments' entry-point group"),
+    ({"environment": "maze"}, "environment: 'maze' is unknown; installed: ['code_contests', 'mcp', 'search_qa', 'swe']", "'halo.environments' entry-point group"),
     ({"tools": ["test_environments.undocumented"]}, "tools: 'test_environments.undocumented' cannot be offered to the model", "a type hint"),
     ({"tool_timeout_s": 0.0, "tools": ["calculator"]}, "tool_timeout_s=0.0 must be above 0", "or empty for no limit"),
 ])

@@ -38,9 +38,9 @@ def test_the_bundled_configs_pass(config, tmp_path, monkeypatch):
 
     method = method_of(config)
     run = load_run_config(method, get_method(method).config_class, config, parse_overrides([]))
-    written = re.search(r"--nproc (\d+)", config.read_text())  # the world each bundled config is written for (its header's
-    world = int(written[1]) if written else 2                     # command; --nproc 2 else): a method's own checks may read it
-    check_run(run, world)
+    found = re.search(rf"halo launch \S+ templates/configs/{re.escape(config.name)} --nproc (\d+)", config.read_text())
+    world = int(found[1]) if found else 2
+    check_run(run, world)  # the world its header launches it with (--nproc 2 where none): a method's own checks may read it
     check_layout(run, world)
 
 

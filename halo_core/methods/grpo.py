@@ -63,9 +63,14 @@ class HaloGRPOConfig(GRPOConfig):
     routing_replay: bool = field(default=True, metadata={
         "help": "MoE models: replay in the loss pass the experts every token was routed to when its old log-probs were taken "
                 "(off for a family that declares routing_replay=False: its routers choose experts without torch.topk)."})
+    reward_kwargs: dict = field(default_factory=dict, metadata={
+        "help": "Arguments of named rewards, bound before training: {reward name: {argument: value}}, e.g. "
+                "{llm_judge: {base_url: http://host:8000/v1, model: judge}}."})
     environment: str | None = field(default=None, metadata={
-        "help": "A multi-turn environment by name (the halo.environments group: code_contests) or dotted path: "
+        "help": "A multi-turn environment by name (the halo.environments group: code_contests, mcp) or dotted path: "
                 "TRL's environment_factory, its methods the tools the model may call."})
+    environment_kwargs: dict = field(default_factory=dict, metadata={
+        "help": "Keyword arguments of the environment's factory (TRL calls it with none), e.g. {server: [python, -m, my_pkg.server]} for mcp."})
     tools: list[str] = field(default_factory=list, metadata={
         "help": "Tool functions by name (the halo.tools group) or dotted path: TRL's tools, called between turns."})
     sandbox_unisolated: bool = field(default=False, metadata={
@@ -115,11 +120,12 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
         if config.sandbox_unisolated:
             os.environ[UNISOLATED] = "1"  # read by the sandbox in this process and the ones it starts
         execution.configure(config.execution_backend, config.execution_workers, config.ray_address)
-        kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs))
+        kwargs.setdefault("reward_funcs", load_rewards(config.reward_funcs, config.reward_kwargs))
         if config.tools:
             kwargs.setdefault("tools", load_tools(config.tools, config.tool_timeout_s))
         if config.environment:
-            kwargs.setdefault("environment_factory", load_environment(config.environment, config.tool_timeout_s))
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the environment key is the user's choice of TRL's experimental API
+            kwargs.setdefault("environment_factory", load_environment(config.environment, config.tool_timeout_s, config.environment_kwargs))
         with reference_given(trl.trainer.grpo_trainer, ref_model):
             super().__init__(*args, **kwargs)
         self.use_vllm = True  # opens TRL's importance-sampling gate (see the module docstring); generation is ours
@@ -321,7 +327,7 @@ def check(run: RunConfig, args, world: int = 1) -> None:
     launch's world size)."""
     if not args.reward_funcs and not args.environment:  # an environment may own the reward (its get_reward)
         raise ConfigError(f"{run.source}: reward_funcs is empty; method 'grpo' needs at least one, e.g. reward_funcs: [exact_answer]")
-    load_rewards(args.reward_funcs)
+    load_rewards(args.reward_funcs, args.reward_kwargs)
     check_tools(args)  # environment and tools by name, tool_timeout_s
     try:
         execution.check(args.execution_backend, args.execution_workers, args.ray_address)

@@ -140,12 +140,43 @@ def resolve(name: str) -> Callable | None:
     return None
 
 
-def load_rewards(names: list[str]) -> list[Callable]:
+def configured(name: str, function: Callable, options: dict) -> Callable:
+    """``function`` with ``options`` (``reward_kwargs``) bound: only arguments it names (a misspelt one would vanish
+    into its ``**kwargs``), then its own ``check_options(**options)`` if it has one; refused before start."""
+    import functools
+    import inspect
+
+    if not isinstance(options, dict):
+        raise ConfigError(f"reward_kwargs: {name}: {options!r} must be a mapping of argument names to values")
+    named = {p.name for p in inspect.signature(function).parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    named -= {"prompts", "completions"}  # TRL's to pass
+    unknown = sorted(set(options) - named)
+    if unknown:
+        raise ConfigError(f"reward_kwargs: {name}: {unknown} are not arguments of reward {name!r} it may be given; it takes {sorted(named)}")
+    check = getattr(function, "check_options", None)
+    if check is not None:
+        try:
+            check(**options)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"reward_kwargs: {name}: {exc}") from None
+    return functools.partial(function, **options)
+
+
+def load_rewards(names: list[str], options: dict | None = None) -> list[Callable]:
+    """The named rewards, each with its ``reward_kwargs`` entry bound; an entry for a reward not named is refused."""
+    options = options or {}
+    if not isinstance(options, dict):
+        raise ConfigError(f"reward_kwargs: {options!r} must map reward names to their arguments, e.g. {{llm_judge: {{model: DIR}}}}")
+    stray = sorted(set(options) - set(names))
+    if stray:
+        raise ConfigError(f"reward_kwargs: {stray} are not in reward_funcs {list(names)}; add them there or drop their entries")
     functions = []
     for name in names:
         function = resolve(name)
         if not callable(function):
             raise ConfigError(f"reward_funcs: {name!r} is unknown; installed rewards: {known_rewards()}, TRL's trl.rewards names, "
                               f"or a dotted import path (a package declares one in the {ENTRY_POINT_GROUP!r} entry-point group)")
+        if name in options or hasattr(function, "check_options"):
+            function = configured(name, function, options.get(name, {}))
         functions.append(checked(name, function))
     return functions

@@ -10,7 +10,12 @@
 - ``POST /pause_generation``, ``/continue_generation``, ``/init_weights_update_group``,
   ``/update_weights_from_distributed`` (SGLang's weight protocol, ``halo_core.rl.weight_sync``, over gloo), and ``/generate``
   (SGLang's); ``/pause``, ``/resume`` and ``/collective_rpc`` into ``HaloWeightReceiver`` (vLLM with Halo's worker extension);
-- ``POST /halo/save`` (``{"path": ...}``): the served weights as safetensors, what the tests compare.
+- ``POST /halo/save`` (``{"path": ...}``): the served weights as safetensors, what the tests compare;
+- ``POST /v1/chat/completions`` (OpenAI-compatible): ``messages`` through the model's chat template, ``max_tokens``,
+  ``temperature`` (0: greedy), ``seed``; the reply's ``choices[0].message.content``. The ``llm_judge`` reward serves a
+  local judge model through it (``halo_core.rl.judge``).
+
+``--port 0`` takes a free port; the first line printed names it.
 
 Faults on request: ``--die-after N`` exits after N completion requests, ``--malformed-after N`` then answers
 with a reply missing its ``choices``.
@@ -30,8 +35,8 @@ from halo_core.rl.vllm_worker import HaloWeightReceiver
 
 
 class _State:
-    def __init__(self, model, logprobs: str, die_after: int | None, malformed_after: int | None):
-        self.model, self.logprobs_mode = model, logprobs
+    def __init__(self, model, logprobs: str, die_after: int | None, malformed_after: int | None, tokenizer=None):
+        self.model, self.logprobs_mode, self.tokenizer = model, logprobs, tokenizer
         self.die_after, self.malformed_after = die_after, malformed_after
         self.lock = threading.Lock()  # one generation or weight update at a time
         self.running = threading.Event()
@@ -130,6 +135,17 @@ def _handler(state: _State):
                         choices.append(choice)
             return {"id": "cmpl", "object": "text_completion", "model": "halo-test", "choices": choices}
 
+        def _v1_chat_completions(self, body):
+            if state.tokenizer is None:
+                raise ValueError("the served folder has no tokenizer, so chat messages cannot be rendered")
+            prompt = state.tokenizer.apply_chat_template(body["messages"], add_generation_prompt=True, tokenize=True, return_dict=False)
+            with state.lock:
+                choice = _generate(state, list(prompt), body, body.get("seed"))
+            text = state.tokenizer.decode(choice["token_ids"], skip_special_tokens=True)
+            return {"id": "chatcmpl", "object": "chat.completion", "model": body.get("model", "halo-test"),
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": choice["finish_reason"]}],
+                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(choice["token_ids"])}}
+
         def _pause_generation(self, body):
             state.running.clear()
             with state.lock:  # in-flight generation finishes first
@@ -196,9 +212,16 @@ def main(argv=None) -> None:
     torch.set_num_threads(1)
     from transformers import AutoModelForCausalLM
 
+    from transformers import AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(_State(model, args.logprobs, args.die_after, args.malformed_after)))
-    print(f"serving on 127.0.0.1:{args.port}", flush=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError):  # weights only: the token-id endpoints still work
+        tokenizer = None
+    state = _State(model, args.logprobs, args.die_after, args.malformed_after, tokenizer)
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), _handler(state))
+    print(f"serving on 127.0.0.1:{server.server_address[1]}", flush=True)
     server.serve_forever()
 
 

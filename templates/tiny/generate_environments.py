@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import os
 import shutil
 import subprocess
@@ -137,6 +138,10 @@ def tool_model(folder: Path) -> None:
     texts = _conversations(template) + list(REPO.values()) + [f"{title}: {body}" for title, body in PASSAGES]
     texts += [m["content"] for line in (HERE / "data" / "arithmetic.jsonl").read_text().splitlines()[:500]
               for m in (lambda row: row["prompt"] + row["completion"])(json.loads(line))]
+    sys.path.insert(0, str(HERE))
+    from generate_tools import tool_texts  # the mcp default's prompts: one tool model serves every tool default
+
+    texts += tool_texts(template)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -10,6 +10,8 @@ chat template for templates that re-render earlier turns); Halo adds the names a
 - ``tools: [NAME, ...]``: each a ``halo.tools`` entry point, else a dotted path, to a plain function with the same
   requirements, shared by every rollout (TRL's ``tools``); graded by ``reward_funcs``.
 - ``tool_timeout_s``: every call, an environment's methods included, is cut off there and answered with an error.
+- ``environment_kwargs``: keyword arguments of the factory (``mcp``'s ``server``), bound by Halo since TRL calls the
+  factory with none.
 """
 
 from __future__ import annotations
@@ -71,9 +73,27 @@ def load_tools(names: list[str], timeout_s: float | None = DEFAULT_TIMEOUT_S) ->
     return tools
 
 
-def load_environment(name: str, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> Callable:
-    """TRL's ``environment_factory``: the named factory, its instances' tool methods cut off at ``timeout_s``."""
+def _bound(factory: Callable, name: str, kwargs: dict) -> Callable:
+    """``factory`` called with ``kwargs`` (``environment_kwargs``), refused before start where it names no such arguments."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"environment_kwargs: {kwargs!r} do not fit environment {name!r} ({exc}); give only the arguments "
+                          f"its factory takes: {inspect.signature(factory)}") from None
+
+    def make():
+        return factory(**kwargs)
+
+    make.__name__ = make.__qualname__ = getattr(factory, "__name__", name)
+    return make
+
+
+def load_environment(name: str, timeout_s: float | None = DEFAULT_TIMEOUT_S, kwargs: dict | None = None) -> Callable:
+    """TRL's ``environment_factory``: the named factory (called with ``kwargs``), its instances' tool methods cut off at
+    ``timeout_s``."""
     factory = _resolve("environment", ENVIRONMENTS, name, "my_lib.envs.Maze")
+    if kwargs:
+        factory = _bound(factory, name, kwargs)
     if isinstance(factory, type):
         if not callable(getattr(factory, "reset", None)):
             raise ConfigError(f"environment: {name!r} has no reset method; TRL calls reset(**row) at the start of every rollout")
@@ -90,8 +110,22 @@ def check_tools(args) -> None:
         raise ConfigError(f"tool_timeout_s={timeout} must be above 0 (seconds a tool call may take), or empty for no limit")
     if args.tools:
         load_tools(args.tools, timeout)
+    kwargs = getattr(args, "environment_kwargs", None) or {}
+    if kwargs and not args.environment:
+        raise ConfigError(f"environment_kwargs: {kwargs!r} is set but no environment is; name one (environment: mcp) or drop it")
     if args.environment:
-        load_environment(args.environment, timeout)
+        factory = load_environment(args.environment, timeout, kwargs)
+        if not isinstance(factory, type):  # a function makes the class: one instance now, as TRL probes one at start
+            try:
+                instance = factory()
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(f"environment: {args.environment!r} could not be made ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else 'no message'}); check environment_kwargs") from None
+            for attribute, function in inspect.getmembers(type(instance), predicate=inspect.isfunction):
+                if attribute not in ("reset", "get_reward") and not attribute.startswith("_"):
+                    _schema("environment", f"{args.environment}.{attribute}", getattr(instance, attribute))
 
 
 def code_executors(args) -> list[str]:
