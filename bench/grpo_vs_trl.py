@@ -54,7 +54,7 @@ from sft_workload import DEFAULT_CONFIG, HERE, TOKENIZER, prepare, trainer_field
 
 ENTRY = HERE / "grpo_vs_trl.py"
 TINY_CONFIG = TOKENIZER / "config.json"
-#: Stock Liger with its fused-MoE autotune on (its default) did not finish a step within 160 s on an H200 (benchmarks.md).
+#: Stock Liger with its fused-MoE autotune on (its default) did not finish a step within 160 s on an H200 (benchmarks-history.md).
 # compile_layers with routing replay is refused before start (halo_core/methods/grpo.py check): compiled rows run without it.
 DEFAULT_VARIANTS = ["trl-bf16+nockpt", "trl-bf16+nockpt+liger+env.LIGER_FUSED_MOE_AUTOTUNE=0", "halo-ep1+nockpt", "halo-ep1+compile+nockpt+noreplay"]
 #: The reward's dotted path for Halo's ``reward_funcs`` (this file, imported by name from the bench folder).

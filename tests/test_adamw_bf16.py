@@ -195,6 +195,7 @@ def _owed_division(rank, world):
             assert_close(b.data, a.data, f"{name} after the folded step, max_norm={max_norm}")
 
 
+@pytest.mark.slow  # two spawned ranks
 def test_the_data_parallel_division_can_ride_on_the_clipping():
     """``sync_gradients(divide=False)`` leaves the sums and the owed 1/dp, which the clipping (or AdamWBF16's
     step) applies in its own multiply: the same gradients, norm and step as dividing first, one pass fewer."""

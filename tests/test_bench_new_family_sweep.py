@@ -18,6 +18,7 @@ def sweep():
     return module
 
 
+@pytest.mark.slow  # scaffolds and checks a tiny model of every MoE type
 def test_it_sweeps_the_moe_types_and_not_the_dense_ones(sweep):
     types = sweep.moe_types()
     assert {"qwen3_moe", "mixtral", "dbrx", "qwen2_moe", "jetmoe", "granitemoe"} <= set(types)
@@ -105,6 +106,7 @@ def test_llama4s_expert_major_experts_scaffold_with_no_mark_and_its_composite_re
     assert kimi["passed"] and kimi["replaces"] is None, kimi
 
 
+@pytest.mark.slow  # a sweep row of its own: as slow as the sweep above
 def test_a_router_with_more_rows_than_experts_is_read_as_the_router(sweep, tmp_path):
     row = sweep.sweep_one("longcat_flash", tmp_path, quick=True, timeout=60)  # its zero experts are scored too
     assert row["passed"] and row["found_moe"], row

@@ -16,6 +16,8 @@ from halo_core.registry import discover
 from halo_core.testing.spawn import spawn
 from halo_core.tiny import tiny_family_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 def _types():
     return [(r.name, t) for r in discover(strict=False).records if r.ok and "ep" in r.family.splits for t in r.family.model_types]

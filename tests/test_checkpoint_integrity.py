@@ -18,6 +18,8 @@ from halo_core.trainers.parts.resume import check_resume
 from halo_core.trainers.run_config import load_run_config, parse_overrides
 from launch_kit import ROOT, launch, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):

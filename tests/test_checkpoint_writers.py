@@ -20,6 +20,8 @@ from halo_core.testing.spawn import spawn
 from halo_core.tiny import tiny_model
 from halo_core.trainers.parts import checkpoint
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 LAYOUTS = {"ep2": {"ep": 2}, "tp2": {"tp": 2}, "etp2": {"etp": 2}, "cp2": {"cp": 2}}
 
 

@@ -15,6 +15,8 @@ from halo_core.errors import ConfigError
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 LAYOUTS = {name: TWO_RANKS[name] for name in ("ep2", "tp2", "etp2")}  # the method's splits (no cp)
 SEQ_CLS = "AutoModelForSequenceClassification"
 LABELS = 3

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import run_halo
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 JSON_KEYS = {"name", "distribution", "version", "model_types", "splits", "status", "error"}
 
 

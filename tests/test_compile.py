@@ -10,6 +10,8 @@ from halo_core.testing.compare import assert_close
 from halo_core.tiny import tiny_model
 from halo_core.trainers.parts.compile import compile_decoder_layers
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 @pytest.mark.parametrize("budget", [None, 0.3], ids=["default", "recompute"])
 def test_compiled_layers_give_the_eager_loss_and_gradients(budget):

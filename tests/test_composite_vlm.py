@@ -11,6 +11,8 @@ from halo_core.registry import discover
 from halo_core.testing.composite import _END_KEYS, _START_KEYS, _first, image_batches, image_layout, run_composite_layouts, vision_parameters
 from halo_core.tiny import tiny_family_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 FAMILY, MODEL_TYPE = "qwen3-vl-moe", "qwen3_vl_moe"
 #: Each composite the image batches are held on; the first also at world 2. Between them the three image layouts
 #: (Qwen-VL's flattened patches, Inkling 2's per-token squares, Gemma 4's patches with positions).

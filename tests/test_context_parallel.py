@@ -8,6 +8,8 @@ from halo_core.errors import LayoutError
 from halo_core.parallel.context_parallel import check_heads, context_parallel_inputs
 from halo_core.tiny import tiny_config
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 def test_head_counts_must_divide_by_cp():
     config = tiny_config("qwen3_moe")  # 4 query heads, 2 key/value heads

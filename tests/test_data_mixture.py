@@ -10,6 +10,8 @@ import pytest
 from conftest import run_halo
 from launch_kit import COMMON, OPTIMIZERS, STEPS, TINY, launch, logged, uneven_rows
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 
 def _jsonl(path, rows):

@@ -8,6 +8,8 @@ from transformers import AutoConfig
 from halo_core.testing.compare import assert_close
 from test_launch import COMMON, ROOT, launch, losses, weights
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 @pytest.fixture(scope="module")
 def dense_model(tmp_path_factory):

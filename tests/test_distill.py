@@ -19,6 +19,8 @@ from halo_core.methods.divergence import generalized_jsd
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 

@@ -12,6 +12,8 @@ import torch
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 #: Each split on two ranks (compositions and ring attention are SFT's tests' concern: the pool is the same code).
 LAYOUTS = TWO_RANKS
 

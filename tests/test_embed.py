@@ -17,6 +17,8 @@ from halo_core.errors import ConfigError
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, HEAD_COMMON, LENGTHS, OPTIMIZERS, STEPS, TINY, TWO_RANKS, console, launch, logged, noise_in, weights
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TEXTS = ["What is 3 + 4?", "3 + 4 = 7", "1 2 3 4 5 6 7 8 9 10 11 12", "7"]
 
 

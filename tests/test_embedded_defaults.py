@@ -14,6 +14,8 @@ import pytest
 from conftest import run_halo
 from launch_kit import noise_in
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
 #: method -> (its bundled config, the logged metric, whether it must rise)
 METRICS = {"dpo": ("tiny-qwen3-moe-dpo.yaml", "rewards/margins", True), "reward": ("tiny-qwen3-moe-reward.yaml", "accuracy", True),

@@ -178,6 +178,7 @@ def _rows(seen: list[dict]) -> list[dict]:
 ARITHMETIC = [{"prompt": [{"role": "user", "content": f"What is {a} * 1000 + 7?"}], "answer": a * 1000 + 7} for a in (3, 4, 5, 6)]
 
 
+@pytest.mark.slow  # generates with a tiny model per chat template
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_the_engines_tokens_are_trained_as_sampled_and_tool_tokens_are_not(tmp_path, monkeypatch, family):
     def script(tokenizer, row, turn, prompt):
@@ -232,6 +233,7 @@ def hang(seconds: float) -> str:
     return "done"
 
 
+@pytest.mark.slow  # waits out a tool's timeout
 def test_a_hanging_tool_times_out_and_the_conversation_goes_on(tmp_path, monkeypatch, caplog):
     def script(tokenizer, row, turn, prompt):
         return tool_call(tokenizer, "qwen3", "hang", {"seconds": 60 + row}) if turn == 0 else f"I could not wait {row}.<|im_end|>"
@@ -251,6 +253,7 @@ PROBLEMS = [{"prompt": [{"role": "user", "content": "Write double(x)."}], "tests
             {"prompt": [{"role": "user", "content": "Write square(x)."}], "tests": ["assert square(3) == 9", "assert square(0) == 0"]}]
 
 
+@pytest.mark.slow  # a generation and sandboxed runs
 def test_code_contests_runs_the_models_code_and_scores_it(tmp_path, monkeypatch):
     solutions = {("double", 0): "def double(x):\n    return 2 * x", ("double", 1): "def double(x):\n    return x + 2",  # right once
                  ("square", 0): "def square(x):\n    return x * x", ("square", 1): "def square(x):\n    while True: pass"}
@@ -425,6 +428,7 @@ def test_an_environment_may_stand_in_for_reward_funcs(tmp_path):
     check_run(load_run_config("grpo", grpo.HaloGRPOConfig, config, parse_overrides([])), 1)
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_the_cli_refuses_an_unknown_environment_with_one_line_and_exit_2(tmp_path):
     from launch_kit import write_run
 

@@ -17,6 +17,8 @@ import torch
 from conftest import run_halo
 from launch_kit import STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 EVAL_ROWS = 7  # two ranks of two rows each: the last batch holds one repeat (accelerate's even batches)
 EVAL = ["--eval_strategy=steps", "--eval_steps=1", "--per_device_eval_batch_size=2", "--optim=sgd", "--learning_rate=0.5"]
 #: The EP run also keeps the best checkpoint: "best" by the highest eval loss, the first step's, so the result is not the last step's.

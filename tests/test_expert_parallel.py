@@ -15,6 +15,8 @@ from halo_core.testing.equivalence import run_layouts, uneven_model
 from halo_core.testing.spawn import spawn
 from halo_core.tiny import tiny_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 @pytest.mark.parametrize(
     "config, world, needle",

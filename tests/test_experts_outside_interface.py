@@ -20,6 +20,8 @@ from halo_core.testing.spawn import spawn
 from halo_core.tiny import tiny_family_model, tiny_model
 from launch_kit import COMMON, OPTIMIZERS, TINY, launch, logged, uneven_rows
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 #: Each type, and the checkpoint key of one expert weight with its rows per expert (DBRX: ffn_hidden_size).
 TYPES = {"dbrx": ("transformer.blocks.0.ffn.experts.mlp.w1", lambda c: c.ffn_config.ffn_hidden_size),
          "jetmoe": ("model.layers.0.mlp.input_linear.weight", lambda c: 1)}

@@ -199,6 +199,7 @@ def test_a_model_without_flash_support_is_refused(monkeypatch):
         check_run(load(["--attn_implementation=flash_attention_4", "--bf16=true"]))
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_sdpa_and_eager_pass_and_the_cli_refuses_in_one_line(tmp_path):
     check_run(load(["--attn_implementation=eager"]))
     check_run(load(["--attn_implementation=sdpa"]))

@@ -17,6 +17,8 @@ import torch
 from halo_core.testing.compare import assert_close
 from launch_kit import COMMON, GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TESTS = Path(__file__).resolve().parent
 GRPO = ["--num_generations=2", "--max_completion_length=12", "--temperature=1.0"]
 KEYS = ("loss", "reward", "rewards/grpo_rewards.token_sum/mean", "completions/mean_length", "entropy")

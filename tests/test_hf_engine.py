@@ -15,6 +15,8 @@ from halo_core.rl.hf_engine import HFEngine
 from halo_core.testing.spawn import spawn
 from launch_kit import TINY
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 PROMPTS = [[5, 6, 7], [9, 10], [11], [12, 13, 14, 15]]  # uneven: every batch is left-padded
 PARAMS = SamplingParams(num_generations=2, max_completion_length=8)
 

@@ -9,6 +9,9 @@ import time
 from pathlib import Path
 
 import psutil  # accelerate's dependency
+import pytest
+
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
 TINY = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-qwen3-moe.yaml"
 TIMEOUT_S = 5

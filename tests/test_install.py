@@ -4,7 +4,11 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from test_wheels import environment_without_halo
+
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
 ROOT = Path(__file__).resolve().parents[1]
 

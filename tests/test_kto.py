@@ -20,6 +20,8 @@ import torch
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, console, launch, logged, noise_in, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 AUX = ["--router_aux_loss_coef=0.5"]  # after launch_kit.COMMON's 0.0, so it wins
 
 

@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 
 from halo_core.testing.compare import assert_close
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "templates" / "configs" / "tiny-qwen3-moe.yaml"
 # Float32 and no aux loss (it is computed per rank's batch, as under DDP). SGD rather than AdamW: Adam's first

@@ -19,6 +19,8 @@ import pytest
 from halo_core.testing.compare import assert_close
 from launch_kit import OPTIMIZERS, ROOT, STEPS, TEXT_RUN, assert_planned, launch as launch_method, logged, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 #: The router's load-balancing loss on, large enough to show: Halo computes it over the global batch
 #: (``parts/moe_aux.py``), so every layout logs one process's losses with it too.
 AUX = "--router_aux_loss_coef=0.1"

@@ -23,6 +23,8 @@ from halo_core.errors import ConfigError
 from halo_core.testing.compare import assert_close
 from launch_kit import OPTIMIZERS, ROOT, STEPS, launch, logged, weights
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 VL_MODEL = ROOT / "templates" / "tiny" / "vl-model"
 IMAGES = ROOT / "templates" / "tiny" / "data" / "images"
 CONFIG = ROOT / "templates" / "configs" / "tiny-qwen3-vl-moe-sft.yaml"

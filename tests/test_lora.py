@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 from halo_core.testing.compare import assert_close
 from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, console, launch, logged, noise_in, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
 #: LoRA under data parallelism alone (FSDP2 over both ranks), each split alone on two ranks, and dense TP adapters
 #: beside EP-sharded expert adapters on four.

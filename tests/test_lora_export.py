@@ -197,6 +197,7 @@ print(json.dumps({"before": before, "peak": status("VmHWM")}))
 """
 
 
+@pytest.mark.slow  # measures a merge's peak in its own interpreter
 def test_the_merge_holds_a_few_groups_not_the_model(tmp_path):
     """Peak resident memory of an export of a 300 MB base, over the process's resident memory just before it (imports and
     a tiny export done): well under the model's size. The whole-base path holds the model at least once (twice at its peak)."""
@@ -221,6 +222,7 @@ def test_the_merge_holds_a_few_groups_not_the_model(tmp_path):
     print(f"grown {grown / 1e6:.0f} MB, model {size / 1e6:.0f} MB, largest group {group / 1e6:.1f} MB")
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_a_hub_id_base_is_read_from_transformers_cache(tmp_path):
     """A base named by hub id resolves through transformers' own cache (offline here: nothing is downloaded)."""
     from conftest import run_halo

@@ -10,6 +10,8 @@ from halo_core.testing.compare import assert_close
 from halo_core.testing.spawn import spawn
 from lora_gradients import gradients, random_adapter
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 @pytest.mark.parametrize("layout", [{"ep": 2}, {"etp": 2}], ids=["ep2", "etp2"])
 def test_transposed_experts_adapter_gradients_match_one_process(layout, tmp_path):

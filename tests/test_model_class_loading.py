@@ -9,6 +9,8 @@ from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.loading import build_from_config, from_pretrained
 from halo_core.tiny import tiny_config, tiny_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 def test_a_concrete_class_builds_from_a_config_like_an_auto_class():
     config = tiny_config("qwen3_moe")

@@ -23,6 +23,8 @@ from halo_core.errors import ConfigError
 from halo_core.trainers.parts import moe_bias
 from halo_core.trainers.parts.moe_load import load_metrics
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 RATE = 0.01
 
 

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

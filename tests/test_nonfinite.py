@@ -20,6 +20,8 @@ from conftest import PluginSite, run_halo
 from halo_core.trainers.parts import nonfinite
 from halo_core.trainers.parts.stopping import RunStopped
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TINY = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-qwen3-moe.yaml"
 #: A few steps of the embedded default, a checkpoint at each, none rotated away.
 STEPS = ["--per_device_train_batch_size=4", "--logging_steps=1", "--warmup_steps=0", "--lr_scheduler_type=constant",

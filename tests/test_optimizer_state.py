@@ -13,6 +13,8 @@ from halo_core.parallel.optimizer_state import load_optimizer, save_optimizer
 from halo_core.testing.spawn import spawn
 from halo_core.tiny import tiny_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 SAVED_WITH = {"ep": 2}  # on two ranks: experts split, everything else FSDP-sharded
 
 

@@ -119,6 +119,7 @@ def test_a_read_only_mount_is_refused_even_for_root(read_only_filesystem):
         check_output_dir(run_with(f"--output_dir={read_only_filesystem / 'run'}"))
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_the_launcher_refuses_a_full_filesystem_before_start(small_filesystem, tmp_path):
     out = small_filesystem / "run"
     result = run_halo("launch", "sft", str(TINY), "--nproc", "2", "--dry-run", "--", f"--output_dir={out}", cwd=tmp_path)

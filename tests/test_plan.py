@@ -49,6 +49,7 @@ def test_text_names_the_source_and_the_verdict(recipe):
     assert "beside the YAML" in out and "fits in 16.00 GiB per GPU (--gpu-memory)" in out
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_no_config_anywhere_is_one_line_exit_2(recipe, tmp_path):
     lone = tmp_path / "sft.yaml"
     lone.write_text(recipe.read_text())

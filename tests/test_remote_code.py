@@ -15,6 +15,8 @@ from conftest import run_halo
 from launch_kit import COMMON, uneven_rows
 from remote_kit import CODE_FILES, MODEL_TYPE, TINY, write_remote_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 @pytest.fixture(scope="module")
 def remote_model(tmp_path_factory) -> Path:

@@ -22,6 +22,8 @@ from halo_core.errors import ConfigError
 from halo_core.trainers.parts import restart
 from halo_core.trainers.run_config import load_run_config, parse_overrides
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TINY = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-qwen3-moe.yaml"
 #: The embedded default opts in to overwriting (so the README's commands run twice); a run of one's own does not.
 MINE = ["--overwrite_output_dir=false", "--max_steps=1000", "--per_device_train_batch_size=4", "--save_strategy=steps", "--save_steps=2"]

@@ -73,6 +73,7 @@ def test_false_or_absent_means_a_fresh_start():
         assert "resume_from_checkpoint" not in run.trainer
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 @pytest.mark.parametrize("dry_run", [["--dry-run"], []], ids=["dry-run", "launch"])
 def test_the_cli_refuses_a_bad_resume_before_starting(tmp_path, dry_run):
     out = tmp_path / "out"
@@ -83,6 +84,7 @@ def test_the_cli_refuses_a_bad_resume_before_starting(tmp_path, dry_run):
     assert not out.exists()
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_the_dry_run_shows_the_checkpoint_true_resolved_to(tmp_path):
     fake_checkpoint(tmp_path / "checkpoint-4")
     result = run_halo("launch", "sft", str(TINY), "--nproc", "2", "--dry-run", "--", f"--output_dir={tmp_path}", "--resume_from_checkpoint=true")

@@ -88,6 +88,7 @@ def _bundled():
     return [(record.family, model_type) for record in discover().records if record.ok for model_type in record.family.model_types]
 
 
+@pytest.mark.slow  # every bundled family, in process: the largest share of the in-process tests
 @pytest.mark.parametrize("family, model_type", _bundled(), ids=lambda x: x if isinstance(x, str) else "")
 def test_replay_reaches_every_bundled_familys_routers(family, model_type):
     """No per-family code: every installed family's experts receive the recorded choice after its routers moved, and

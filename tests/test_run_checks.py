@@ -246,6 +246,7 @@ def test_ep_that_does_not_divide_the_experts_names_the_degrees_that_do():
         LayoutPlan(ParallelConfig(ep=3, etp=2), dims, "qwen3_moe").check_experts("block", 8)
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 @pytest.mark.parametrize(
     "overrides, env, message",
     [
@@ -261,6 +262,7 @@ def test_cli_dry_run_refuses_in_one_line(tmp_path, overrides, env, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_cli_dry_run_finds_a_hub_id_in_the_cache_hf_hub_cache_names(tmp_path):
     cache = _cache_holding(tmp_path / "hub", "org/cached")
     overrides = ["--model_name_or_path=org/cached", "--random_init=false", "--expert_parallel_size=1"]

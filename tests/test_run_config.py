@@ -143,6 +143,7 @@ def test_the_etp_hint_names_only_degrees_that_fit_the_world():
     check_layout(load(["--expert_parallel_size=1", "--expert_tensor_parallel_size=1"]), 3)
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_cli_refuses_before_starting_anything(tmp_path):
     result = run_halo("launch", "sft", str(TINY), "--nproc", "3", "--", f"--output_dir={tmp_path / 'out'}")
     assert result.returncode == 2 and "expert_parallel_size=3" not in result.stderr
@@ -165,6 +166,7 @@ def test_bad_launcher_flags(flags, message):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_dry_run_prints_config_layout_and_family():
     result = run_halo("launch", "sft", str(TINY), "--nproc", "4", "--dry-run", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
@@ -174,6 +176,7 @@ def test_dry_run_prints_config_layout_and_family():
     assert len(rows) == 4 and rows[3].split("│")[1:4] == [" 3    ", " 3  ", " 1  "]
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_dry_run_shows_every_ranks_coordinates_in_a_composed_layout():
     flags = ["--nproc", "8", "--dry-run", "--", "--tensor_parallel_size=2", "--context_parallel_size=2", "--context_parallel_attention=ring"]
     result = run_halo("launch", "sft", str(TINY), *flags, env={"COLUMNS": "200"})

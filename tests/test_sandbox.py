@@ -147,6 +147,7 @@ def test_grpo_refuses_code_runs_before_start_where_nothing_isolates(tmp_path, mo
     assert refused in message and "sandbox_unisolated: true" in message and "\n" not in message, message
 
 
+@pytest.mark.slow  # a fresh `halo` interpreter loading the stack
 def test_the_cli_refuses_with_one_line_and_exit_2(tmp_path):
     """Through ``halo launch --dry-run`` with no isolation on the path: one line, exit 2."""
     from launch_kit import write_run

@@ -17,6 +17,8 @@ from halo_core.methods.sdpg import beta_at, distillation_terms, with_context
 from halo_core.testing.compare import assert_close
 from launch_kit import OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TESTS = Path(__file__).resolve().parent
 #: A large beta(k) (40, then 25) so the term, small between two views of a random-init model, moves the weights.
 SDPG = ["--num_generations=4", "--max_completion_length=10", "--temperature=1.0", "--sdpg_warmup_steps=1", "--sdpg_beta=40",

@@ -24,6 +24,8 @@ from halo_core.rl.engines import SamplingParams
 from halo_core.rl.server_engine import EngineError, ServerEngine, get, post
 from launch_kit import TINY, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 TESTS = Path(__file__).resolve().parent
 
 

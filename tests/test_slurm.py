@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from launch_kit import COMMON, ROOT, launch, weights, write_run
+
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
 NODE = ROOT / "templates" / "slurm" / "node.sh"
 

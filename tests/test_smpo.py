@@ -13,6 +13,8 @@ from halo_core.methods.smpo import LOSSES, margin_at, smpo_loss
 from halo_core.testing.compare import assert_close
 from launch_kit import OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 def _direct(chosen: list[float], rejected: list[float], beta, margin, r, floor, kind) -> float:
     """The issue's formula, one pair at a time."""

@@ -13,6 +13,8 @@ from halo_core.parallel.tensor_parallel import check_heads, partial_gradient_par
 from halo_core.registry import discover
 from halo_core.tiny import tiny_config, tiny_model
 
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
+
 
 def _family(name):
     return discover(strict=False).by_name(name).family

@@ -27,7 +27,7 @@ def test_rotary_sections_the_modeling_pairs_stay_equal():
 def test_a_size_a_validator_wants_a_multiple_of_is_rounded_up_to_it():
     from transformers import AutoConfig
 
-    from halo_core.tiny import _agreeing
+    from halo_core.tiny.agreement import _agreeing
 
     message = "NVFP4 rounding of keys and values needs a `head_dim` that is a multiple of 16."  # Kolibri 1.1's validator
     assert _agreeing(AutoConfig.for_model("qwen3_moe"), {"head_dim": 8}, message) == {"head_dim": 16}

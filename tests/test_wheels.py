@@ -14,7 +14,11 @@ import sysconfig
 from fnmatch import fnmatch
 from pathlib import Path
 
+import pytest
+
 from halo_cli.wheels import build_wheels
+
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
 HALO_ENTRIES = ("halo_*", "halo-*", "__editable__*", "*.pth", "*.egg-link")
 

@@ -9,8 +9,12 @@ each split at its widest beside another (TP 4, ring CP 4, ETP 4).
 
 import random
 
+import pytest
+
 from halo_core.parallel.config import ParallelConfig as P
 from halo_core.testing.equivalence import run_layouts
+
+pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
 WORLD8_LAYOUTS = [
     P(), P(ep=2), P(ep=4), P(ep=8),

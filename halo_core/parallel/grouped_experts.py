@@ -10,7 +10,7 @@ biases and post-expert norm as its ``grouped_mm`` applies them), so results matc
 
 Only the expert-parallel path uses it: on one rank Inductor already fuses most of
 ``grouped_mm``'s indexing, so EP1 keeps transformers' own (measured: no gain at EP1, about
-10% off a compiled EP2 layer, see benchmarks.md).
+10% off a compiled EP2 layer, see agent-docs/benchmarks-history.md).
 """
 
 from __future__ import annotations

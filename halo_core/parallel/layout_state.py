@@ -1,16 +1,17 @@
 """The layout ``parallelize`` gives a model, and the shards its modules hold, kept by the layout.
 
-Nothing is stored on the modules themselves. FSDP, gradients, state dicts and loading go by
-the names the ``ModelLayout`` (``layout_of(model)``) gives each sharded module. Forwards reach
-their own module's shard with ``shard_of(module)``: transformers' experts and attention
-interfaces hand the implementation only the module. That table is keyed by the module's
-identity (a plain dict, which ``torch.compile`` traces as it traced an attribute) and each
-entry goes with its module.
+FSDP, gradients, state dicts and loading go by the names the ``ModelLayout`` (``layout_of(model)``) gives each
+sharded module. Forwards reach their own module's shard with ``shard_of(module)``: transformers' experts and attention
+interfaces hand the implementation only the module. Both live on the module itself, in one private slot (``_Held``),
+so they go where the module goes: a ``copy.deepcopy`` of a laid-out model is laid out the same way (its shards and
+layout copied with it, sharing this process's groups), and pickling it is refused in one line rather than losing
+the layout. A table keyed by the module's identity lost both on a copy.
 """
 
 from __future__ import annotations
 
-import weakref
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -19,27 +20,67 @@ from torch import nn
 
 from halo_core.parallel.config import ParallelDims
 
-_SHARDS: dict[int, Any] = {}
-_LAYOUTS: dict[int, "ModelLayout"] = {}
-_WRAPPED: dict[int, nn.Module] = {}
+_SLOT = "_halo_layout_state"
+_PLAIN = (str, bytes, int, float, bool, complex, type(None))
 
 
-def _keep(table: dict[int, Any], module: nn.Module, value: Any) -> None:
-    key = id(module)
-    if key not in table:
-        weakref.finalize(module, table.pop, key, None)
-    table[key] = value
+def _share_links(value: Any, memo: dict) -> None:
+    """Mark in a deepcopy's ``memo`` what ties ``value`` to this process (process groups, meshes, dispatchers, the
+    implementations a shard wraps: anything but dataclasses, containers and plain values), so the copy shares them:
+    a process group does not copy, and the copy runs on the same ranks. Everything else (names, rows, LoRA scalings,
+    what a load read) is copied, so changing the copy's shards leaves the original's alone."""
+    if isinstance(value, _PLAIN) or id(value) in memo:
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _share_links(getattr(value, f.name), memo)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            _share_links(item, memo)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for item in value:
+            _share_links(item, memo)
+    else:
+        memo[id(value)] = value
+
+
+class _Held:
+    """What the layout keeps on one module: its ``ModelLayout`` (the model), its shard (an experts or attention
+    module), or the laid-out model it runs (a wrapper, ``wrap``)."""
+
+    def __init__(self, layout: Any = None, shard: Any = None, wraps: nn.Module | None = None):
+        self.layout, self.shard, self.wraps = layout, shard, wraps
+
+    def __deepcopy__(self, memo: dict) -> "_Held":
+        _share_links(self.layout, memo)
+        _share_links(self.shard, memo)
+        return _Held(copy.deepcopy(self.layout, memo), copy.deepcopy(self.shard, memo), copy.deepcopy(self.wraps, memo))
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a model laid out by halo_core.parallelize() does not pickle (its layout holds this process's "
+                        "process groups); copy.deepcopy it, or save full_state_dict(model) (halo_core.parallel.state_dict) "
+                        "and parallelize() a freshly loaded model")
+
+
+def _held(module: nn.Module) -> _Held:
+    """The module's slot, made on first use; set in ``__dict__`` directly, as ``nn.Module.__setattr__`` would register a
+    wrapped model as a submodule (and so under a second name in ``state_dict``)."""
+    held = module.__dict__.get(_SLOT)
+    if held is None:
+        held = module.__dict__[_SLOT] = _Held()
+    return held
 
 
 def register_shard(module: nn.Module, shard: Any) -> None:
     """Record what ``module`` holds of a split (an ``ExpertShard``, a ``ContextShard``); the family hooks'
     ``shard_experts`` and ``shard_attention`` call it, and ``parallelize`` files it in the layout by name."""
-    _keep(_SHARDS, module, shard)
+    _held(module).shard = shard
 
 
 def shard_of(module: nn.Module, kind: type | None = None) -> Any:
     """The shard ``module`` holds (of type ``kind`` when given), or ``None``."""
-    shard = _SHARDS.get(id(module))
+    held = getattr(module, _SLOT, None)
+    shard = None if held is None else held.shard
     return shard if kind is None or isinstance(shard, kind) else None
 
 
@@ -112,22 +153,23 @@ class ModelLayout:
 
 
 def attach(model: nn.Module, layout: ModelLayout) -> None:
-    _keep(_LAYOUTS, model, layout)
+    _held(model).layout = layout
 
 
 def wrap(wrapper: nn.Module, model: nn.Module) -> None:
     """Record that ``wrapper`` (a ``SentenceTransformer``, say) runs the laid-out ``model`` inside it: ``layout_of`` and
     ``laid_out`` of the wrapper then answer for ``model``, whose parameter names the layout keeps."""
-    _keep(_WRAPPED, wrapper, model)
+    _held(wrapper).wraps = model
 
 
 def laid_out(model: nn.Module) -> nn.Module:
     """The module the layout describes: ``model`` itself, or the laid-out model a wrapper holds (``wrap``)."""
-    return _WRAPPED.get(id(model), model)
+    held = getattr(model, _SLOT, None)
+    return model if held is None or held.wraps is None else held.wraps
 
 
 def layout_of(model: nn.Module) -> ModelLayout:
-    layout = _LAYOUTS.get(id(laid_out(model)))
-    if layout is None:
+    held = getattr(laid_out(model), _SLOT, None)
+    if held is None or held.layout is None:
         raise RuntimeError("this model was not laid out by halo_core.parallelize(); call it first on every rank")
-    return layout
+    return held.layout

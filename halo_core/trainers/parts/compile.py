@@ -58,7 +58,7 @@ def compile_decoder_layers(model: nn.Module, activation_memory_budget: float | N
         )
     # One torch.compile per forward function, bound to each layer: torch.compile called once per layer makes a
     # backend each time, and dynamo recompiles on every new backend (BACKEND_MATCH) until its recompile
-    # limit (8), past which layers silently run eager (measured: a 16-layer model 13% slower, see benchmarks.md).
+    # limit (8), past which layers silently run eager (measured: a 16-layer model 13% slower, see benchmarks-history.md).
     compiled: dict = {}
     for layer in layers:
         forward = layer.forward
