@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_installed_libraries_have_every_seam():
-    for name in ("transformers", "trl", "peft"):
+    for name in ("transformers", "trl", "peft", "accelerate"):
         module = importlib.import_module(f"halo_core.integrations.{name}")
         assert all(seam.problem() is None for seam in module.SEAMS), name
 
@@ -45,6 +45,8 @@ def test_a_changed_seam_signature_fails_at_import_in_one_line(monkeypatch):
     (Seam("trl.trainer.dpo_trainer", "hash_modules", ("module",)), "no trl.trainer.dpo_trainer.hash_modules"),
     (Seam("trl:GRPOTrainer", "_buffered_input", assigned_in=True), "trl.GRPOTrainer._buffered_input is never assigned"),
     (Seam("trl:GRPOTrainer", "_compute_loss", ("model",)), None),  # further parameters without defaults are a change
+    (Seam("accelerate:Accelerator", "prepare_model", reads="_is_halo_prepared"),
+     "accelerate.Accelerator.prepare_model no longer reads _is_halo_prepared"),
 ])
 def test_each_kind_of_seam_names_what_differs(seam, problem):
     found = seam.problem()

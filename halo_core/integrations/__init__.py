@@ -23,6 +23,7 @@ SUPPORTED = {
     "transformers": ">=5.23,<5.26",
     "trl": ">=1.16,<1.17",
     "peft": ">=0.19,<0.22",
+    "accelerate": ">=1.14,<1.17",
 }
 
 
@@ -37,13 +38,14 @@ class Seam:
     ``params``: the parameter names after ``self`` the override or call was written for (a callable's leading
     parameters must be these; further ones must have defaults); ``None`` checks presence only. ``assigned_in``: for an
     instance attribute, the class whose source assigns ``self.<name>`` (there is no attribute on the class to find).
+    ``reads``: an attribute Halo sets for the library to read, which ``owner.name``'s source must name.
     """
 
     owner: str
     name: str
     params: tuple[str, ...] | None = None
     assigned_in: bool = False
-    why: str = ""
+    reads: str | None = None
 
     def problem(self) -> str | None:
         """What differs from what Halo was written for, or ``None``."""
@@ -63,6 +65,8 @@ class Seam:
         found = getattr(target, self.name, None)
         if found is None:
             return f"no {where}"
+        if self.reads is not None:
+            return None if self.reads in inspect.getsource(found) else f"{where} no longer reads {self.reads}"
         if self.params is None:
             return None
         params = [p for p in inspect.signature(found).parameters.values() if p.name != "self"]

@@ -22,8 +22,9 @@ SEAMS = (
     Seam(_TRAINER, "_load_rng_state", ("checkpoint",)),
     Seam(_TRAINER, "_load_from_checkpoint", ("resume_from_checkpoint", "model")),
     Seam(_TRAINER, "compute_loss", ("model", "inputs", "return_outputs", "num_items_in_batch")),
-    # trainers/parts/nan_filter.py reads when the Trainer last logged.
+    # trainers/parts/nan_filter.py reads when the Trainer last logged; parts/evaluation.py whether its loss shifts labels.
     Seam(_TRAINER, "_globalstep_last_logged", assigned_in=True),
+    Seam(_TRAINER, "_loss_shifts_labels", assigned_in=True),
     # The experts interface: grouped_experts.py and lora/grouped.py compute with transformers' own grouped matmul,
     # and replace the "grouped_mm" implementation where the model uses it.
     Seam("transformers.integrations.moe", "_grouped_linear", ("input", "weight", "offs", "bias", "is_transposed")),
