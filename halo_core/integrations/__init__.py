@@ -60,13 +60,14 @@ class Seam:
                 return f"no {module}.{cls}"
         where = f"{self.owner.replace(':', '.')}.{self.name}"
         if self.assigned_in:
-            assigned = re.search(rf"self\.{self.name}\b", inspect.getsource(target))
-            return None if assigned else f"{where} is never assigned"
+            source = _source(target)
+            return None if source is None or re.search(rf"self\.{self.name}\b", source) else f"{where} is never assigned"
         found = getattr(target, self.name, None)
         if found is None:
             return f"no {where}"
         if self.reads is not None:
-            return None if self.reads in inspect.getsource(found) else f"{where} no longer reads {self.reads}"
+            source = _source(found)
+            return None if source is None or self.reads in source else f"{where} no longer reads {self.reads}"
         if self.params is None:
             return None
         params = [p for p in inspect.signature(found).parameters.values() if p.name != "self"]
@@ -75,6 +76,14 @@ class Seam:
                  if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         if names != self.params or extra:
             return f"{where}({', '.join(p.name for p in params)}) where Halo was written for ({', '.join(self.params)})"
+        return None
+
+
+def _source(obj) -> str | None:
+    """``obj``'s source, ``None`` where none ships (a bytecode-only install: nothing to check against)."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
         return None
 
 
