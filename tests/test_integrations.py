@@ -62,3 +62,24 @@ def test_pyproject_declares_the_supported_ranges():
     declared = {m[1]: m[2] for d in deps if (m := re.match(r"([a-z-]+)(.*)", d))}
     for library, supported in integrations.SUPPORTED.items():
         assert declared[library] == supported, library
+
+
+def test_the_launcher_meets_a_changed_seam_before_any_process_starts(monkeypatch):
+    """``halo launch`` looks its method up first (``get_method``), which imports the mixin and so the check: a
+    HaloError, which the CLI prints as one line with exit 2."""
+    import transformers
+
+    from halo_core.errors import HaloError
+    from halo_core.registry import reset_caches
+    from halo_core.trainers.method import get_method
+
+    monkeypatch.setattr(transformers.Trainer, "_load_rng_state", lambda self, checkpoint, strict: None)
+    for name in ("halo_core.integrations.transformers", "halo_core.trainers.mixin", "halo_core.methods.sft"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    reset_caches()
+    try:
+        with pytest.raises(HaloError, match=r"Trainer\._load_rng_state\(checkpoint, strict\) where Halo was written for \(checkpoint\)"):
+            get_method("sft")
+    finally:
+        monkeypatch.undo()
+        reset_caches()
