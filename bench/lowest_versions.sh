@@ -5,6 +5,7 @@
 #
 #   bash bench/lowest_versions.sh                         # the declared lower bounds
 #   PINS="transformers==5.18.0 peft==0.19.0" bash bench/lowest_versions.sh   # try other versions (bisecting)
+#   CONFIGS=tiny-qwen3-moe-lora ...                     # one of the two defaults only
 #
 # The fresh venv holds only the pinned libraries (and whatever they need that the base lacks); everything else,
 # torch included (a CPU wheel is 200 MB, a CUDA one several GB), comes from BASE's site-packages, appended after
@@ -43,11 +44,11 @@ fi
 export PYTHONPATH="$repo:$(ls -d "$repo"/plugins/*/ | tr '\n' ':')"
 out=$(mktemp -d)
 status=0
-for config in tiny-qwen3-moe tiny-qwen3-moe-lora; do
+for config in ${CONFIGS:-tiny-qwen3-moe tiny-qwen3-moe-lora}; do
   start=$(date +%s)
   if "$venv/bin/python" -m halo_cli launch sft "templates/configs/$config.yaml" --nproc 2 \
       -- --output_dir="$out/$config" >"$out/$config.log" 2>&1; then
-    echo "$config: trained in $(( $(date +%s) - start )) s; $(grep -o "'train_loss': [0-9.]*" "$out/$config.log" | tail -1)"
+    echo "$config: trained in $(( $(date +%s) - start )) s; $(grep -oE "train_loss[^,}]*" "$out/$config.log" | tail -1)"
   else
     status=1
     echo "$config: FAILED after $(( $(date +%s) - start )) s; last lines:"

@@ -22,7 +22,7 @@ from halo_core.errors import HaloError
 SUPPORTED = {
     "transformers": ">=5.23,<5.26",
     "trl": ">=1.16,<1.17",
-    "peft": ">=0.19,<0.22",
+    "peft": ">=0.21,<0.22",
     "accelerate": ">=1.14,<1.17",
 }
 
