@@ -13,6 +13,11 @@ SEAMS = (
     # rank_pattern / alpha_pattern keys matched as PEFT matches them (lora/inject.py).
     Seam("peft.utils.other", "get_pattern_key", ("pattern_keys", "key_to_match")),
     Seam("peft.utils.constants", "TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"),
+    # lora/merge_stream.py merges an adapter layer by layer, reading PEFT's own wrappers and dtype cast.
+    Seam("peft.tuners.tuners_utils", "cast_adapter_dtype", ("model", "adapter_name", "autocast_adapter_dtype")),
+    Seam("peft.tuners.lora", "ParamWrapper"),
+    Seam("peft.utils.other", "ModulesToSaveWrapper"),
+    Seam("peft.utils.other", "TrainableTokensWrapper"),
 )
 
 check("peft", SEAMS)
