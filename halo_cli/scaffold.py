@@ -337,7 +337,7 @@ def render_family(name: str, model_type: str, output_dir: Path, *, allow_unknown
         "model_class": read.model_class,
         "found": read.summary,
         "core_version": halo_core.__version__,
-        "api_version": PLUGIN_API_VERSION,
+        "api_version": repr(PLUGIN_API_VERSION),
         "name_literal": repr(names.family),
         "model_types_literal": ", ".join(repr(t) for t in (model_type, read.built_type) if t) + ("," if not read.built_type else ""),
         "splits_literal": "{'ep'}" if read.found_moe else "",

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-#: Bumped when the hook contract changes incompatibly; plugins declare the version they target.
-PLUGIN_API_VERSION = 1
+#: The plugin contract as "MAJOR.MINOR"; a plugin declares the version it was written for. The major is bumped when the
+#: contract changes incompatibly (plugins of another major are refused), the minor when it only grows: a plugin of the
+#: same major and an older minor still loads, with a FutureWarning (its deprecation path), and one of a newer minor
+#: is refused (it may rely on what this core lacks). A bare int N, as plugins wrote before minors existed, means "N.0".
+PLUGIN_API_VERSION = "1.0"
 
 #: Splits a family may declare. FSDP2 data parallelism is always available and is not declared.
 SPLITS = frozenset({"ep", "cp", "tp", "etp"})
@@ -37,6 +40,16 @@ def is_valid_family_name(name: object) -> bool:
     return isinstance(name, str) and bool(_NAME.match(name))
 
 
+def api_version_tuple(version: object) -> tuple[int, int] | None:
+    """``(major, minor)`` of a declared plugin API version, ``None`` where it is neither an int nor "MAJOR.MINOR"."""
+    if isinstance(version, int) and not isinstance(version, bool):
+        return (version, 0)
+    if isinstance(version, str) and re.fullmatch(r"\d+\.\d+", version):
+        major, minor = version.split(".")
+        return (int(major), int(minor))
+    return None
+
+
 def _as_tuple(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
@@ -55,8 +68,9 @@ class Family:
     model_types: tuple[str, ...]
     #: The plugin's own version.
     version: str
-    #: The plugin API the plugin was written against, as a literal (``PLUGIN_API_VERSION`` then).
-    api_version: int
+    #: The plugin API the plugin was written against, as a literal (``PLUGIN_API_VERSION`` then): ``"MAJOR.MINOR"``,
+    #: or an int for ``"N.0"``.
+    api_version: int | str
     #: Subset of ``{"ep", "cp", "tp", "etp"}``; data parallelism (FSDP2) needs no declaration.
     splits: frozenset[str] = frozenset()
     #: Modules that hold a router child and an experts child.
@@ -112,8 +126,11 @@ class Family:
                     f"Family.model_class={self.model_class!r} must map claimed model types {list(self.model_types)} to "
                     f"transformers class names" + (f"; {stray} are not claimed" if stray else "")
                 )
-        if not isinstance(self.api_version, int):
-            raise ValueError(f"Family.api_version={self.api_version!r} must be an int (this core speaks {PLUGIN_API_VERSION})")
+        if api_version_tuple(self.api_version) is None:
+            raise ValueError(
+                f"Family.api_version={self.api_version!r} must be 'MAJOR.MINOR' or an int "
+                f"(this core speaks {PLUGIN_API_VERSION!r})"
+            )
 
     def class_for(self, model_type: str) -> str | None:
         """The transformers class ``model_type`` is built with, ``None`` where ``AutoModelForCausalLM`` maps it.

@@ -51,7 +51,8 @@ def halo_family() -> Family:
     version it was written for (``halo_core.PLUGIN_API_VERSION`` at the time of
     writing, as a literal), the splits it supports, and where its MoE blocks, router,
     experts and attention live. A plugin whose declaration fails to build, or whose
-    ``api_version`` differs from the core's, is listed as broken and never called again.
+    ``api_version`` has another major than the core's or a newer minor, is listed as broken
+    and never called again; an older minor of the same major loads with a FutureWarning.
     """
 
 

@@ -8,7 +8,10 @@ type refuses to resolve, naming both distributions: load order never decides.
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from types import SimpleNamespace
@@ -18,7 +21,7 @@ import pluggy
 
 from halo_core import defaults, hookspecs
 from halo_core.errors import BrokenPluginError, DuplicateClaimError, UnknownFamilyError
-from halo_core.family import PLUGIN_API_VERSION, Family
+from halo_core.family import PLUGIN_API_VERSION, Family, api_version_tuple
 
 ENTRY_POINT_GROUP = "halo.families"
 DISABLE_ENV = "HALO_DISABLE_PLUGINS"
@@ -74,6 +77,9 @@ class Registry:
         self.pm.register(defaults, name="halo-core-defaults")
         self.records: list[PluginRecord] = []
         self._claims: dict[str, list[PluginRecord]] = {}
+        #: Model types whose plugin is broken by a misspelt hook: they refuse to resolve rather than fall back to the
+        #: plain route, which would train the model without the hooks its plugin meant to give it.
+        self._broken_claims: dict[str, PluginRecord] = {}
 
     # -- discovery -------------------------------------------------------------------
 
@@ -100,6 +106,15 @@ class Registry:
             record.errors.append(f"invalid hook implementation: {exc}")
             return
         try:
+            # A hookimpl whose name no hookspec has (a misspelt `wrap_moe_blok`) registers without complaint, and the
+            # core's default would run in its place; pluggy names it here.
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            record.errors.append(f"{exc}: not a Halo hook (known: halo_family, {', '.join(_HOOKS)})")
+            self.pm.unregister(record.plugin)
+            self._claim_broken(record)
+            return
+        try:
             family = self._own_caller(record, "halo_family")()
             family = family[0] if family else None
         except Exception as exc:
@@ -110,17 +125,40 @@ class Registry:
             return
         if not isinstance(family, Family):
             record.errors.append(f"halo_family() returned {type(family).__name__}, expected halo_core.Family")
-        elif family.api_version != PLUGIN_API_VERSION:
-            record.errors.append(
-                f"written for plugin API {family.api_version}, this halo-core speaks {PLUGIN_API_VERSION}: "
-                f"install a {record.distribution} release built for plugin API {PLUGIN_API_VERSION}"
-            )
+        else:
+            self._check_api_version(family, record)
         if record.errors:
             self.pm.unregister(record.plugin)
             return
         record.family = family
         for model_type in family.model_types:
             self._claims.setdefault(model_type, []).append(record)
+
+    @staticmethod
+    def _check_api_version(family: Family, record: PluginRecord) -> None:
+        """Same major and a minor up to the core's loads (an older minor with a FutureWarning); anything else is broken."""
+        (major, minor), (core_major, core_minor) = api_version_tuple(family.api_version), api_version_tuple(PLUGIN_API_VERSION)
+        if major != core_major or minor > core_minor:
+            record.errors.append(
+                f"written for plugin API {family.api_version}, this halo-core speaks {PLUGIN_API_VERSION} "
+                f"(it loads plugins of API {core_major}.0 to {PLUGIN_API_VERSION}): install a {record.distribution} "
+                f"release built for plugin API {PLUGIN_API_VERSION}"
+            )
+        elif minor < core_minor:
+            warnings.warn(
+                f"{record.distribution} was written for plugin API {family.api_version}; this halo-core speaks "
+                f"{PLUGIN_API_VERSION} and still loads it, but support for older minors ends at the next major: "
+                f"install a release built for plugin API {PLUGIN_API_VERSION}",
+                FutureWarning, stacklevel=2,
+            )
+
+    def _claim_broken(self, record: PluginRecord) -> None:
+        try:
+            family = record.plugin.halo_family()
+        except Exception:  # the declaration is read only to name the claimed types; the record is broken anyway
+            return
+        for model_type in getattr(family, "model_types", ()):
+            self._broken_claims[model_type] = record
 
     def _mark_duplicate_claims(self) -> None:
         for model_type, claimants in self._claims.items():
@@ -139,6 +177,10 @@ class Registry:
     def family_record(self, model_type: str) -> PluginRecord | None:
         """The plugin that claims ``model_type``, or ``None`` for the plain FSDP2 route."""
         claimants = self._claims.get(model_type, [])
+        if model_type in self._broken_claims:
+            record = self._broken_claims[model_type]
+            raise BrokenPluginError(f"model type {model_type!r} is claimed by {record.distribution}, which is broken: "
+                                    f"{'; '.join(record.errors)}; fix the plugin or disable it with {DISABLE_ENV}={record.name}")
         if len(claimants) > 1:
             names = " and ".join(c.distribution for c in claimants)
             raise DuplicateClaimError(
@@ -171,10 +213,29 @@ class Registry:
 
 
 def discover(strict: bool | None = None) -> Registry:
-    """Load every installed family plugin. With ``strict`` (or ``HALO_STRICT_PLUGINS=1``) a broken one raises."""
-    registry = Registry()
-    registry.load(list(entry_points(group=ENTRY_POINT_GROUP)))
+    """Load every installed family plugin. With ``strict`` (or ``HALO_STRICT_PLUGINS=1``) a broken one raises.
+
+    Loaded once per process (a launch asks from about eight places) and per plugin view: the cache is keyed on
+    ``HALO_DISABLE_PLUGINS`` and ``sys.path``; ``reset_caches()`` drops it where plugins are installed meanwhile (tests).
+    """
+    registry = _discover(os.environ.get(DISABLE_ENV, ""), tuple(sys.path))
     if (strict_from_env() if strict is None else strict) and registry.broken:
         reasons = "; ".join(f"{r.name} ({r.distribution}): {'; '.join(r.errors)}" for r in registry.broken)
         raise BrokenPluginError(f"broken family plugins in strict mode: {reasons}")
     return registry
+
+
+@functools.cache
+def _discover(disabled: str, path: tuple[str, ...]) -> Registry:
+    """The registry of the installed plugins; the arguments are only the cache's key (``discover`` passes them)."""
+    registry = Registry()
+    registry.load(list(entry_points(group=ENTRY_POINT_GROUP)))
+    return registry
+
+
+def reset_caches() -> None:
+    """Forget the discovered plugins and the loaded methods, so the next lookup scans the entry points again."""
+    from halo_core.trainers.method import _load_method
+
+    _discover.cache_clear()
+    _load_method.cache_clear()

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from halo_core.registry import reset_caches
+
 _counter = itertools.count()
 TESTS_DIR = Path(__file__).parent
 # Spawned ranks import their worker functions from test modules by name.
@@ -21,7 +23,7 @@ from halo_core import Family, hookimpl
 
 @hookimpl
 def halo_family():
-    return Family(name={name!r}, model_types={model_types!r}, version="1.0", api_version={api_version}, splits=frozenset({splits!r}))
+    return Family(name={name!r}, model_types={model_types!r}, version="1.0", api_version={api_version!r}, splits=frozenset({splits!r}))
 """
 
 
@@ -42,18 +44,20 @@ class PluginSite:
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
         target = f"{module}:{attr}" if attr else module
         (info / "entry_points.txt").write_text(f"[{group}]\n{entry or dist} = {target}\n")
+        reset_caches()  # the process loaded its plugins and methods once; this one was installed since
         return module
 
-    def add_family(self, dist: str, name: str, model_types: tuple[str, ...], *, api_version: int = 1, splits=("ep",), extra: str = "") -> str:
+    def add_family(self, dist: str, name: str, model_types: tuple[str, ...], *, api_version: int | str = 1, splits=("ep",), extra: str = "") -> str:
         source = PLUGIN_SOURCE.format(name=name, model_types=tuple(model_types), api_version=api_version, splits=set(splits)) + textwrap.dedent(extra)
         return self.add(dist, source, entry=name)
 
 
 @pytest.fixture
-def plugin_site(tmp_path, monkeypatch) -> PluginSite:
+def plugin_site(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()
-    return PluginSite(site, monkeypatch)
+    yield PluginSite(site, monkeypatch)
+    reset_caches()
 
 
 def run_halo(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -1,5 +1,7 @@
 """Discovery through real entry points of distributions installed on a temporary sys.path."""
 
+import warnings
+
 import pytest
 
 from halo_core.errors import BrokenPluginError, DuplicateClaimError, UnknownFamilyError
@@ -107,3 +109,54 @@ def test_hooks_dispatch_only_to_the_plugin_claiming_the_model_type(plugin_site):
     # qwen3-moe implements no layout hook: only the core's default answers for it.
     qwen = registry.family_record("qwen3_moe")
     assert registry.overridden_hooks(qwen) == ["halo_family"]
+
+
+def test_a_misspelt_hook_breaks_its_plugin_naming_the_hook(plugin_site):
+    """Without pluggy's check_pending the misspelt hook registers silently and the core's default runs in its place."""
+    plugin_site.add_family("halo-plugin-typo", "typo", ("toy_moe",), extra="""
+        @hookimpl
+        def wrap_moe_blok(module, context):
+            return module
+    """)
+    registry = discover(strict=False)
+    error = by_name(registry)["typo"].as_json()["error"]
+    assert "unknown hook 'wrap_moe_blok'" in error and "not a Halo hook" in error
+    assert registry.family_record("qwen3_moe").ok
+    with pytest.raises(BrokenPluginError, match="toy_moe.*halo-plugin-typo.*wrap_moe_blok"):
+        registry.family_record("toy_moe")
+    with pytest.raises(BrokenPluginError, match="wrap_moe_blok"):
+        discover(strict=True)
+
+
+@pytest.mark.parametrize("declared, outcome", [
+    ("1.2", "ok"), ("1.1", "deprecated"), (1, "deprecated"), ("1.3", "broken"), (2, "broken"), ("0.9", "broken"),
+])
+def test_the_plugin_api_is_a_compatible_range(plugin_site, monkeypatch, declared, outcome):
+    """Same major and a minor up to the core's loads, an older minor with a FutureWarning; a newer minor or another
+    major is broken, naming the range."""
+    monkeypatch.setattr("halo_core.registry.PLUGIN_API_VERSION", "1.2")
+    plugin_site.add_family("halo-plugin-ranged", "ranged", ("toy_moe",), api_version=declared)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = by_name(discover(strict=False))["ranged"]
+    deprecations = [str(w.message) for w in caught if issubclass(w.category, FutureWarning) and "ranged" in str(w.message)]
+    if outcome == "broken":
+        assert not record.ok and "speaks 1.2 (it loads plugins of API 1.0 to 1.2)" in record.as_json()["error"]
+    else:
+        assert record.ok and record.family.api_version == declared
+        assert bool(deprecations) == (outcome == "deprecated"), deprecations
+        assert not deprecations or f"written for plugin API {declared}; this halo-core speaks 1.2" in deprecations[0]
+
+
+def test_discovery_and_methods_load_once_per_process(plugin_site):
+    """A launch asks the registry from about eight places; each used to build a plugin manager and import every plugin."""
+    from halo_core.registry import reset_caches
+    from halo_core.trainers.method import get_method
+
+    first = discover()
+    assert discover() is first and get_method("sft") is get_method("sft")
+    plugin_site.add_family("halo-plugin-late", "late", ("toy_moe",))  # installing resets, as reset_caches() does
+    assert discover() is not first and by_name(discover())["late"].ok
+    again = discover()
+    reset_caches()
+    assert discover() is not again

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers.integrations import moe
+from halo_core.integrations.transformers import EXPERTS_FUNCTIONS, grouped_linear
 
 from halo_core.parallel.expert_tensor_parallel import IntermediateSplit
 
@@ -91,5 +91,5 @@ def delta(experts: nn.Module, spec: ExpertLora, weight: str, rows: torch.Tensor,
     a_name, b_name = names(weight)
     if spec.dropout and experts.training:
         rows = nn.functional.dropout(rows, spec.dropout)
-    low = moe._grouped_linear(rows, getattr(experts, a_name).to(rows.dtype), offsets)
-    return moe._grouped_linear(low, getattr(experts, b_name).to(rows.dtype), offsets) * spec.scaling
+    low = grouped_linear(rows, getattr(experts, a_name).to(rows.dtype), offsets)
+    return grouped_linear(low, getattr(experts, b_name).to(rows.dtype), offsets) * spec.scaling

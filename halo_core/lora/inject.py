@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from halo_core.errors import HaloError
+from halo_core.integrations.transformers import is_experts
 from halo_core.lora import grouped
 from halo_core.parallel.expert_tensor_parallel import take_slice
 from halo_core.parallel.layout_state import attach, layout_of, register_shard, shard_of
@@ -51,10 +52,6 @@ class Targets:
     parameters: tuple = ()
 
 
-def is_experts(module: nn.Module) -> bool:
-    """A transformers experts module (``@use_experts_implementation``) with fused 3-D weights."""
-    return hasattr(module, "is_transposed") and hasattr(type(module).forward, "__wrapped__") and any(
-        p.dim() == 3 for p in module.parameters(recurse=False))
 
 
 def experts_outside_interface(model: nn.Module) -> frozenset[str]:
@@ -93,7 +90,7 @@ def plan_targets(model: nn.Module, config) -> Targets:
     ``config`` is first converted as PEFT converts it for transformers 5's fused MoE layouts (``all-linear``
     and v4 projection names such as ``gate_proj`` become fused ``target_parameters`` plus the router's
     weight, with ``rank_pattern`` for fused pairs); the caller keeps the converted config, as PEFT does."""
-    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers, get_model_conversion_mapping
+    from halo_core.integrations.peft import convert_peft_config_for_transformers, get_model_conversion_mapping
 
     if getattr(config, "use_dora", False):
         raise LoraError("use_dora: DoRA is not supported on Halo's layouts; set use_dora: false")
@@ -127,7 +124,7 @@ def plan_targets(model: nn.Module, config) -> Targets:
     for key in order:
         if key in fused:
             experts.setdefault(key.rsplit(".", 1)[0], []).append(key.rsplit(".", 1)[1])
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+    from halo_core.integrations.peft import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
 
     dense = None
     remaining = config.target_modules
@@ -299,7 +296,7 @@ def add_adapters(model: nn.Module, config, seed: int, base_model: str | None = N
 
 def _rank_and_alpha(config, key: str) -> tuple[int, float]:
     """``r`` and ``lora_alpha`` for one target as PEFT reads them (``rank_pattern`` / ``alpha_pattern`` first)."""
-    from peft.utils.other import get_pattern_key
+    from halo_core.integrations.peft import get_pattern_key
 
     r = config.rank_pattern.get(get_pattern_key(config.rank_pattern.keys(), key), config.r)
     alpha = config.alpha_pattern.get(get_pattern_key(config.alpha_pattern.keys(), key), config.lora_alpha)

@@ -47,6 +47,8 @@ def load_adapter(base: Base, adapter_dir: Path) -> nn.Module:
     """PEFT's model of ``adapter_dir`` over a meta copy of the base (the adapter's tensors real, the base's on meta)."""
     from peft import PeftModel
     from peft.tuners.tuners_utils import cast_adapter_dtype
+
+    from halo_core.integrations import peft as _peft_seams  # noqa: F401  (checks the PEFT parts merged through here)
     from peft.utils import load_peft_weights, set_peft_model_state_dict
 
     try:

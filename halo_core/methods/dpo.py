@@ -9,7 +9,7 @@ from __future__ import annotations
 import trl.trainer.dpo_trainer
 from trl import DPOConfig, DPOTrainer
 
-from halo_core.methods.reference import hashing_shards
+from halo_core.integrations.trl import hashing_shards
 
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin, sharing

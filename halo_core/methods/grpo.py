@@ -33,7 +33,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import split_pixel_values_by_grid, split_tensor_dict, unsplit_pixel_values_by_grid
 
 from halo_core.errors import ConfigError
-from halo_core.methods.reference import reference_given
+from halo_core.integrations.trl import reference_given
 from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.layout_state import layout_of
 from halo_core.rl import execution

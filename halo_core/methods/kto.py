@@ -28,7 +28,7 @@ import trl.trainer.kto_trainer
 from trl import KTOConfig, KTOTrainer
 
 from halo_core.errors import ConfigError
-from halo_core.methods.reference import hashing_shards
+from halo_core.integrations.trl import hashing_shards
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin, sharing
 from halo_core.trainers.run_config import RunConfig

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -25,27 +24,3 @@ def hash_laid_out(module: torch.nn.Module) -> str:
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return hashlib.sha256("".join(every).encode()).hexdigest()
-
-
-@contextmanager
-def reference_given(trainer_module, reference):
-    """While a TRL trainer's ``__init__`` runs: it builds its reference from the policy's hub id
-    (``create_model_from_path``); hand it ``reference`` instead, Halo's laid-out copy, or ``None`` for none."""
-    original = trainer_module.create_model_from_path
-    trainer_module.create_model_from_path = lambda *args, **kwargs: reference
-    try:
-        yield
-    finally:
-        trainer_module.create_model_from_path = original
-
-
-@contextmanager
-def hashing_shards(trainer_module):
-    """While a TRL trainer's ``__init__`` runs: it names the cache of precomputed reference log-probs after
-    ``hash_module(model)``, whose ``.numpy()`` DTensor parameters refuse; hash the layout's shards instead."""
-    original = trainer_module.hash_module
-    trainer_module.hash_module = hash_laid_out
-    try:
-        yield
-    finally:
-        trainer_module.hash_module = original

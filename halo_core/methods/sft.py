@@ -6,6 +6,7 @@ import torch
 from trl import SFTConfig, SFTTrainer
 
 from halo_core.errors import HaloError
+from halo_core.integrations import trl as _trl_seams  # noqa: F401  (checks the SFTTrainer attributes read here)
 from halo_core.parallel.layout_state import layout_of
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin, sharing

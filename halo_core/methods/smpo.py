@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import trl.trainer.dpo_trainer
 from trl import DPOConfig, DPOTrainer
 
-from halo_core.methods.reference import hashing_shards, reference_given
+from halo_core.integrations.trl import hashing_shards, reference_given
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin
 from halo_core.trainers.run_config import RunConfig

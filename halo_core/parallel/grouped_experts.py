@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.integrations import moe
+from halo_core.integrations.transformers import EXPERTS_FUNCTIONS, grouped_linear
 
 from halo_core.lora import grouped as lora
 from halo_core.parallel.layout_state import shard_of
@@ -29,8 +29,8 @@ _NEEDS = ("has_gate", "has_bias", "is_transposed", "_apply_gate")
 
 def handles(experts: nn.Module, inner) -> bool:
     """Whether ``inner`` (the experts implementation the model was using) is the one this replaces, in a
-    transformers that has what this calls (``transformers>=5.17`` is allowed; this was read off 5.23)."""
-    return inner is moe.ALL_EXPERTS_FUNCTIONS["grouped_mm"] and hasattr(moe, "_grouped_linear") and all(hasattr(experts, n) for n in _NEEDS)
+    transformers that has what this calls (halo_core.integrations.transformers checks it at import)."""
+    return inner is EXPERTS_FUNCTIONS["grouped_mm"] and all(hasattr(experts, n) for n in _NEEDS)
 
 
 def grouped_mm_received(experts: nn.Module, rows: torch.Tensor, expert_ids: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -52,11 +52,11 @@ def _expert_rows(experts: nn.Module, rows: torch.Tensor, ids: torch.Tensor, per_
     shard = shard_of(experts)
     adapters = shard.lora if shard is not None else {}
     up_name = "gate_up_proj" if experts.has_gate else "up_proj"
-    out = moe._grouped_linear(rows, getattr(experts, up_name), offsets, bias=_bias(experts, f"{up_name}_bias", ids), is_transposed=experts.is_transposed)
+    out = grouped_linear(rows, getattr(experts, up_name), offsets, bias=_bias(experts, f"{up_name}_bias", ids), is_transposed=experts.is_transposed)
     if up_name in adapters:
         out = out + lora.delta(experts, adapters[up_name], up_name, rows, offsets)
     out = experts._apply_gate(out) if experts.has_gate else experts.act_fn(out)
-    down = moe._grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
+    down = grouped_linear(out, experts.down_proj, offsets, bias=_bias(experts, "down_proj_bias", ids), is_transposed=experts.is_transposed)
     if "down_proj" in adapters:
         down = down + lora.delta(experts, adapters["down_proj"], "down_proj", out, offsets)
     return experts.post_expert_norm(down) if getattr(experts, "has_post_expert_norm", False) else down

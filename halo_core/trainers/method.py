@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Callable
@@ -40,7 +41,14 @@ def known_methods() -> list[str]:
 
 
 def get_method(name: str) -> Method:
-    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    if name not in found:
+    """The method called ``name``, loaded once per process (``halo_core.registry.reset_caches`` forgets it)."""
+    method = _load_method(name)
+    if method is None:
         raise ConfigError(f"unknown method {name!r}; known methods: {', '.join(known_methods()) or 'none installed'}")
-    return found[name].load()
+    return method
+
+
+@functools.cache
+def _load_method(name: str) -> Method | None:
+    found = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    return found[name].load() if name in found else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from halo_core.integrations import transformers as _transformers_seams  # noqa: F401  (checks the Trainer methods overridden here)
 from halo_core.kernels.liger import keep_experts_interface
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.fsdp import reshard_all

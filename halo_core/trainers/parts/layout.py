@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from halo_core.integrations.accelerate import PREPARED
 from halo_core.parallel.config import ParallelConfig
 from halo_core.parallel.layout_state import layout_of
 
@@ -17,5 +18,5 @@ def lay_out(model: nn.Module, config: ParallelConfig) -> nn.Module:
     except RuntimeError:
         model = parallelize(model, config)
     # The model owns its placement and gradient reduction: Accelerate must neither move it nor wrap it in DDP.
-    model._is_accelerate_prepared = True
+    setattr(model, PREPARED, True)
     return model
