@@ -42,3 +42,21 @@ def test_recipe_passes_the_checks_before_start(recipe):
     local = dataclasses.replace(run, halo=dataclasses.replace(run.halo, model_name_or_path=str(recipe.parent)))
     layout = check_layout(local, world)
     assert layout["family"] is not None and layout["dims"].ep == run.halo.expert_parallel_size
+
+
+def test_the_gsm8k_grpo_recipe_rewards_the_answer_not_only_its_shape():
+    """Its reward reads GSM8K's ``answer`` column (``exact_answer``: the completion's last number against the
+    reference's final one), as TRL's accuracy rewards grade a completion against the row's reference."""
+    import inspect
+
+    from halo_core.rl.rewards import exact_answer, resolve
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config
+
+    recipe = ROOT / "templates" / "recipes" / "qwen3-30b-a3b" / "grpo.yaml"
+    run = load_run_config("grpo", get_method("grpo").config_class, recipe)
+    assert run.halo.dataset[0].path == "openai/gsm8k"
+    functions = [resolve(name) for name in run.trainer["reward_funcs"]]
+    assert any("answer" in inspect.signature(f).parameters for f in functions), run.trainer["reward_funcs"]
+    row = "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, she earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10"
+    assert [exact_answer(None, [c], answer=[row])[0] for c in ("She earned $10.", "0.2 per minute")] == [1.0, 0.0]
