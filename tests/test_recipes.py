@@ -27,6 +27,25 @@ def test_at_least_ten_runs_over_six_families():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_header_says_what_halo_plan_says(recipe):
+    """The ``# halo plan:`` line is ``halo plan``'s summary line for the header's world (its default 80 GiB GPU, the
+    ``config.json`` beside the recipe), so a change to the recipe, the model's config or the planner shows here."""
+    from halo_cli.plan import DEFAULT_GPU_GIB, GIB, figures, model_config, summary
+    from halo_core.trainers.method import get_method
+    from halo_core.trainers.run_config import load_run_config
+
+    text = recipe.read_text()
+    method = re.search(r"halo launch (\S+) ", text)[1]
+    run = load_run_config(method, get_method(method).config_class, recipe)
+    config, source = model_config(run)
+    assert "beside the YAML" in source  # offline: the published figures kept with the recipe
+    result = figures(run, _world(text), config, gpu_bytes=int(DEFAULT_GPU_GIB * GIB))
+    header = re.search(r"^# halo plan: (.*)$", text, re.M)[1]
+    assert result["fits"], header
+    assert header == summary(result), f"{recipe}: the header says\n  {header}\nhalo plan says\n  {summary(result)}"
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_recipe_passes_the_checks_before_start(recipe):
     from halo_core.trainers.method import get_method
     from halo_core.trainers.run_checks import check_ranges, method_config
