@@ -77,11 +77,30 @@ def _adapters(run):
     def add(model):
         import warnings
 
-        with warnings.catch_warnings():
+        from transformers.initialization import no_init_weights
+
+        # initialising the adapters' values was most of a LoRA plan's time (two minutes for Qwen3-30B-A3B's experts on
+        # a loaded 2-core machine), and only their sizes count
+        with warnings.catch_warnings(), no_init_weights():
             warnings.simplefilter("ignore")  # PEFT's, which the run itself shows
             add_adapters(model, config, 0)
 
     return add
+
+
+def _teacher(run, args, world: int, dtype, registry):
+    """Distill's teacher from ``teacher_model_name_or_path``: its parameter bytes on a rank, laid out by its own degrees
+    as ``build_teacher`` lays it out (``teacher_parallel``); ``None`` without one (the student's own starting weights,
+    laid out as the student: its parameters again)."""
+    from halo_core import memory_plan
+    from halo_core.methods.distill import teacher_parallel
+
+    path = args.teacher_model_name_or_path
+    if not path:
+        return None
+    config, _ = model_config(dataclasses.replace(run, halo=dataclasses.replace(run.halo, model_name_or_path=path)))
+    parallel = teacher_parallel(run, args, config)
+    return lambda rank: memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry, gathered=False).parameters
 
 
 def _tokens(args, cp: int) -> int:
@@ -118,23 +137,27 @@ def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=N
     acts = memory_plan.activations(config, _tokens(args, dims.cp), itemsize, tp=dims.tp, etp=dims.etp,
                                    checkpointing=checkpointing, budget=run.halo.activation_memory_budget)
     reference = run.method in memory_plan.REFERENCE and memory_plan.REFERENCE[run.method](args)
+    teacher = _teacher(run, args, world, dtype, registry) if run.method == "distill" else None
+    num_labels = memory_plan.HEAD_OUTPUTS[run.method](args) if run.method in memory_plan.HEAD_OUTPUTS else None
     for rank in chosen:
-        key = (parallel, world, rank, dtype, json.dumps(run.peft, sort_keys=True))
+        key = (parallel, world, rank, dtype, json.dumps(run.peft, sort_keys=True), num_labels)
         if key not in cache:
-            cache[key] = memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry, _adapters(run), gathered=rank == chosen[0])
+            cache[key] = memory_plan.rank_bytes(config, parallel, world, rank, dtype, registry, _adapters(run), gathered=rank == chosen[0],
+                                                num_labels=num_labels)
         got = cache[key]
         optimizer = per_element * got.trainable + per_tensor * got.tensors
         gathered = 3 * cache[(*key[:2], chosen[0], *key[3:])].unit  # a unit's weights, the next one's (prefetched), its unsharded gradients
         entry = {"rank": rank, "parameters": got.parameters, "reference": got.parameters if reference else 0,
+                 "teacher": (teacher(rank) if teacher else got.parameters) if run.method == "distill" else 0,
                  "gradients": got.trainable, "optimizer": optimizer, "activations": acts, "gathered": gathered}
         entry["total"] = sum(v for k, v in entry.items() if k != "rank")
         entry["save_extra"] = 2 * got.largest
         per_rank.append(entry)
     top = max(per_rank, key=lambda e: e["total"] + e["save_extra"])
-    model_bytes = memory_plan.global_bytes(config, dtype, registry)
+    model_bytes = memory_plan.global_bytes(config, dtype, registry, num_labels)
     optimizer_all = sum(e["optimizer"] for e in per_rank) * (world / len(per_rank))
     result = {
-        "per_gpu": {k: top[k] for k in ("parameters", "reference", "gradients", "optimizer", "activations", "gathered", "total")},
+        "per_gpu": {k: top[k] for k in ("parameters", "reference", "teacher", "gradients", "optimizer", "activations", "gathered", "total")},
         "save_extra_bytes": top["save_extra"],
         "model_bytes": model_bytes,
         "checkpoint_bytes": int(model_bytes + (optimizer_all if args.save_strategy != "no" else 0)),
@@ -240,6 +263,17 @@ def plan(
     _print(result, gpu_source)
 
 
+def summary(result: dict) -> str:
+    """The plan in one line (a recipe's ``# halo plan:`` header, which ``tests/test_recipes.py`` holds to this)."""
+    lay, per = result["layout"], result["per_gpu"]
+    gib = lambda b: f"{b / GIB:.2f}"  # noqa: E731
+    parts = ", ".join(f"{k} {gib(per[k])}" for k in ("parameters", "reference", "teacher", "gradients", "optimizer", "activations", "gathered") if per[k])
+    return (f"{gib(per['total'])} GiB per GPU ({parts}; save extra {gib(result['save_extra_bytes'])}), "
+            f"{'fits' if result['fits'] else 'does NOT fit'} in {result['gpu_bytes'] / GIB:g} GiB; "
+            f"dp {lay['dp']} x cp {lay['cp']} x tp {lay['tp']}, ep {lay['ep']} x etp {lay['etp']}, "
+            f"{'FSDP2' if lay['shard_parameters'] else 'replicated'}{', checkpointing' if lay['gradient_checkpointing'] else ''}")
+
+
 def _print(result: dict, gpu_source: str) -> None:
     lay = result["layout"]
     g = lambda b: f"{b / GIB:8.2f} GiB" if b >= GIB else f"{b / 2**20:8.2f} MiB"  # noqa: E731
@@ -253,6 +287,7 @@ def _print(result: dict, gpu_source: str) -> None:
         typer.echo(f"  {key:<12}{g(value)}")
     typer.echo(f"  {'save extra':<12}{g(result['save_extra_bytes'])}")
     typer.echo(f"checkpoint on disk: {g(result['checkpoint_bytes']).strip()} (the model alone: {g(result['model_bytes']).strip()})")
+    typer.echo(f"summary: {summary(result)}")
     verdict = "fits" if result["fits"] else "does NOT fit"
     typer.echo(f"{verdict} in {g(result['gpu_bytes']).strip()} per GPU ({gpu_source})")
     for s in result.get("suggestions", []):

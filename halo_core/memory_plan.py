@@ -24,6 +24,9 @@ OPTIMIZER_STATE = {
 #: Methods that keep a frozen copy of the policy laid out as it is, and when (``train(..., reference=...)`` in each).
 REFERENCE = {"dpo": lambda a: not a.precompute_ref_log_probs, "kto": lambda a: not a.precompute_ref_log_probs,
              "grpo": lambda a: a.beta != 0.0, "sdpg": lambda a: a.beta != 0.0}
+#: Methods that train the backbone under a sequence-classification head (``score``, that many outputs) instead of the
+#: language-model head, as ``train(..., num_labels=...)`` in each builds it.
+HEAD_OUTPUTS = {"reward": lambda a: 1, "classify": lambda a: a.num_labels}
 
 
 @dataclass
@@ -54,14 +57,19 @@ def tensor_bytes(model, optimizer=None) -> dict:
             "optimizer": state}
 
 
-def _meta_model(model_config, dtype, registry):
+def _meta_model(model_config, dtype, registry, num_labels: int | None = None):
+    """The model on the meta device; ``num_labels``: under a sequence-classification head of that many outputs."""
     from accelerate import init_empty_weights
 
-    from halo_core.parallel.loading import build_from_config, model_class_for
+    from halo_core.parallel.loading import build_from_config, model_class_for, sequence_head
 
     config = copy.deepcopy(model_config)  # the layout writes the experts' implementation into the config
-    with init_empty_weights(include_buffers=False):
-        return build_from_config(model_class_for(config, registry), config, dtype=dtype)
+    if num_labels is not None:
+        sequence_head(config, num_labels, None)
+    # The meta device too: a parameter built as a real ``torch.zeros`` and moved to meta on registration costs its full
+    # size in memory and time first (a third of a plan's time for LFM2-8B's experts).
+    with torch.device("meta"), init_empty_weights(include_buffers=False):
+        return build_from_config(model_class_for(config, registry, num_labels is not None), config, dtype=dtype)
 
 
 @contextlib.contextmanager
@@ -93,14 +101,15 @@ def _units(model) -> list[list[str]]:
     return [*groups, [n for n in ids.values() if n not in taken]]
 
 
-def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, adapters=None, gathered: bool = True) -> RankBytes:
+def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, adapters=None, gathered: bool = True,
+               num_labels: int | None = None) -> RankBytes:
     """One rank's parameter bytes as ``parallelize`` lays the meta model out, and (``gathered``) its largest FSDP2 unit
     unsharded: the parameters FSDP2 shards (smaller than the same layout without FSDP2) at their unsharded size, by unit."""
     from halo_core.parallel.parallelize import parallelize
 
     size = lambda p: _local(p).numel() * _local(p).element_size()  # noqa: E731
     with _fake_group(rank, world):
-        model = parallelize(_meta_model(model_config, dtype, registry), parallel, registry, device_type="cpu")
+        model = parallelize(_meta_model(model_config, dtype, registry, num_labels), parallel, registry, device_type="cpu")
         if adapters is not None:
             adapters(model)
         named = {n: size(p) for n, p in model.named_parameters()}
@@ -108,7 +117,7 @@ def rank_bytes(model_config, parallel, world: int, rank: int, dtype, registry, a
         unit = 0
         if gathered and parallel.fsdp and world > 1:
             flat = type(parallel)(**{**parallel.__dict__, "fsdp": False})
-            whole = parallelize(_meta_model(model_config, dtype, registry), flat, registry, device_type="cpu")
+            whole = parallelize(_meta_model(model_config, dtype, registry, num_labels), flat, registry, device_type="cpu")
             unsharded = {n: size(p) for n, p in whole.named_parameters()}
             unit = max(sum(unsharded[n] for n in group if named.get(n, unsharded[n]) < unsharded[n]) for group in _units(whole))
         return RankBytes(rank, sum(named.values()), sum(named[n] for n in train), len(train), max(named.values()), unit)
@@ -154,7 +163,7 @@ def activations(model_config, tokens: int, itemsize: int, *, tp: int = 1, etp: i
     return int(kept + tokens * text.vocab_size * (itemsize + 8))
 
 
-def global_bytes(model_config, dtype, registry) -> int:
+def global_bytes(model_config, dtype, registry, num_labels: int | None = None) -> int:
     """The whole model's weights (a tied head counted once): the saved model's size on disk."""
-    model = _meta_model(model_config, dtype, registry)
+    model = _meta_model(model_config, dtype, registry, num_labels)
     return sum(p.numel() * p.element_size() for p in model.parameters())

@@ -17,7 +17,7 @@ import torch
 
 from halo_core.methods.divergence import generalized_jsd
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, launch, logged, uneven_rows, weights, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -175,7 +175,10 @@ def test_on_policy_rows_with_a_dense_teacher_beside_an_ep_student(teachers, tmp_
     config = write_run(tmp_path, "completion", f"teacher_model_name_or_path: {teachers['dense']}\nlmbda: 1.0\nmax_new_tokens: 6\n")
     aux = "--router_aux_loss_coef=0.01"  # the trainer then asks the model for router logits, which generation must not
     one = launch("distill", config, tmp_path / "one", 1, *OPTIMIZERS["sgd"], aux)
-    two = launch("distill", config, tmp_path / "two", 2, *OPTIMIZERS["sgd"], aux, "--expert_parallel_size=2")
+    two = launch("distill", config, tmp_path / "two", 2, *OPTIMIZERS["sgd"], aux, "--expert_parallel_size=2",
+                 env={"HALO_TENSOR_BYTES": str(tmp_path / "tensor-bytes")})
+    # halo plan counts the teacher as build_teacher lays it out (dense: no expert split, FSDP2 over both ranks)
+    assert_planned("distill", config, two, 2, [*OPTIMIZERS["sgd"], aux, "--expert_parallel_size=2"])
     assert logged(two, "loss") == pytest.approx(logged(one, "loss"), abs=1e-5, rel=0)
     assert min(logged(one, "loss")) > 0
     expected = weights(one)

@@ -4,6 +4,8 @@ scaffolded into a plugin from their folder, and trained with the key, EP=2 equal
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -66,8 +68,15 @@ def test_a_known_model_type_keeps_transformers_classes(tmp_path):
     assert remote_code.ships_code({**config, "model_type": MODEL_TYPE, "auto_map": {"AutoConfig": "configuration_x.XConfig"}})
 
 
+#: The generated conformance test's limit: about a minute on a loaded 2-core machine; a hung rank fails it here.
+CONFORMANCE_TIMEOUT_S = 300
+
+
 def test_new_family_from_the_folder_ships_and_registers_its_code(tmp_path, remote_model, plugin_site):
-    """The model type read from the folder; its code copied into the plugin, which registers it once installed."""
+    """The model type read from the folder; its code copied into the plugin, which registers it once installed, and
+    the generated conformance test passes unedited. transformers gives the remote classes eager experts (it looks for
+    ``@use_experts_implementation`` in their own file), whose loop leaves a rank that receives no rows off the
+    backward's exchange: the kit's starved rank at ep=4 hung there until the core tied its zeros to the rows."""
     result = run_halo("new-family", "remote-moe", "--model-dir", str(remote_model), "--output-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     project = tmp_path / "halo-plugin-remote-moe"
@@ -87,6 +96,15 @@ def test_new_family_from_the_folder_ships_and_registers_its_code(tmp_path, remot
                             "from transformers import AutoConfig; print(type(AutoConfig.for_model('halo_remote_moe')).__module__)"],
                            capture_output=True, text=True)
     assert probe.stdout.strip() == "halo_plugin_remote_moe.configuration_halo_remote_moe", probe.stderr
+    kit = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")], cwd=project,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = kit.communicate(timeout=CONFORMANCE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(kit.pid, signal.SIGKILL)  # its ranks too: they share its session
+        output, _ = kit.communicate()
+        pytest.fail(f"the generated conformance test hung past {CONFORMANCE_TIMEOUT_S} s:\n{output[-3000:]}")
+    assert kit.returncode == 0 and "1 passed" in output, output[-3000:]
 
 
 def test_trains_at_ep2_equal_to_one_process_and_saves_its_code(tmp_path, remote_model, plugin_site):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+from launch_kit import GLOBAL_BATCH, HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, launch, logged, weights, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -30,7 +30,10 @@ def single(run_file):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
     nproc, layout = LAYOUTS[name]
-    out = launch("reward", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON)
+    out = launch("reward", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON,
+                 env={"HALO_TENSOR_BYTES": str(tmp_path / "tensor-bytes")})
+    # halo plan counts the score head the run holds, not the language-model head: its bytes are the real ones, by rank
+    assert_planned("reward", run_file, out, nproc, [*OPTIMIZERS["sgd"], *layout], common=HEAD_COMMON)
     assert len(logged(single, "loss")) == STEPS
     for key in ("loss", "accuracy", "margin", "mean_reward"):
         assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key

@@ -12,6 +12,15 @@ def test_exact_answer_reads_the_last_number_of_text_or_conversational_completion
     assert exact_answer(None, completions, answer=[42, 42, 42, 42]) == [1.0, 0.0, 0.0, 0.0]
 
 
+def test_exact_answer_reads_gsm8k_answers_final_number():
+    """GSM8K's ``answer`` is a worked solution ending ``#### N`` (the grpo recipe's data): the reward compares the
+    completion's last number with N, not with the numbers of the working, thousands separators dropped."""
+    answer = "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips altogether.\n#### 72"
+    completions = ["24 in May, so 48 + 24 = 72 clips.", "She sold 24.", "seventy-two", "#### 72"]
+    assert exact_answer(None, completions, answer=[answer] * 4) == [1.0, 0.0, 0.0, 1.0]
+    assert exact_answer(None, ["It costs $1,234.", "1234", "123"], answer=["... #### 1,234"] * 3) == [1.0, 1.0, 0.0]
+
+
 def test_number_format_wants_one_number_alone():
     assert number_format(None, ["42", " -7 ", "42 apples", "4 2"]) == [1.0, 1.0, 0.0, 0.0]
 

@@ -254,6 +254,10 @@ def _dispatch_and_compute(self: nn.Module, shard: ExpertShard, hidden_states, to
     else:
         ones = torch.ones((received.shape[0], 1), dtype=top_k_weights.dtype, device=received.device)
         expert_output = shard.inner(self, received, received_ids.unsqueeze(1), ones)
+    if received.requires_grad and not expert_output.requires_grad:
+        # transformers' eager experts loop over the experts that got rows: a rank that got none returns zeros on no
+        # graph, and its backward would skip the exchange every other rank joins (a hang). Tie them to the rows.
+        expert_output = expert_output + received.sum() * 0
     if shard.etp_rank > 0:  # a whole down-projection bias counts once per ETP group: the first rank's
         for name in shard.etp_whole:
             expert_output = expert_output - getattr(self, name).index_select(0, received_ids).to(expert_output.dtype)

@@ -5,8 +5,9 @@ Each is a TRL reward function, ``f(prompts, completions, **columns) -> list[floa
 ``checked`` wraps one so that raising or returning the wrong number of rewards is an error naming it.
 
 Built-ins:
-- ``exact_answer``: 1.0 when the completion's last number equals the row's ``answer`` column, else 0.0
-  (the embedded arithmetic data).
+- ``exact_answer``: 1.0 when the completion's last number equals the row's ``answer`` column, else 0.0, as TRL's
+  accuracy rewards compare a completion with the row's reference: a number, or a reference's final number (GSM8K's
+  worked answers end ``#### 72``; thousands separators dropped on both sides).
 - ``close_answer``: partial credit for a near miss, ``max(0, 1 - |last number - answer| / 50)`` (a dense signal
   for a policy that rarely hits the exact answer yet).
 - ``equation_format``: 1.0 when the completion restates the prompt's sum (``What is a + b?``) as ``a + b = n``
@@ -48,11 +49,26 @@ def text(completion) -> str:
     return "".join(m.get("content") or "" for m in completion if m.get("role", "assistant") == "assistant")
 
 
+#: A number as people write it in answers: thousands separators allowed (``1,234``), dropped before comparing.
+_WRITTEN_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_number(value) -> float | None:
+    """The number an answer ends on: a number as it is; in text, the last one after GSM8K's ``####`` marker if it has
+    one, else the last one; ``None`` where there is none."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    value = str(value)
+    numbers = [n.replace(",", "") for n in _WRITTEN_NUMBER.findall(value.rpartition("####")[2])]
+    numbers = [n for n in numbers if n.strip("-")]
+    return float(numbers[-1]) if numbers else None
+
+
 def exact_answer(prompts, completions, answer, **kwargs) -> list[float]:
     rewards = []
     for completion, expected in zip(completions, answer):
-        numbers = _NUMBER.findall(text(completion))
-        rewards.append(1.0 if numbers and math.isclose(float(numbers[-1]), float(expected), rel_tol=0, abs_tol=1e-9) else 0.0)
+        got, want = final_number(text(completion)), final_number(expected)
+        rewards.append(1.0 if got is not None and want is not None and math.isclose(got, want, rel_tol=0, abs_tol=1e-9) else 0.0)
     return rewards
 
 

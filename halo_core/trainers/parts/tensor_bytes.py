@@ -9,6 +9,7 @@ import json
 import os
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 ENV = "HALO_TENSOR_BYTES"
@@ -27,8 +28,12 @@ class Report(TrainerCallback):
         from halo_core.trainers.parts.checkpoint import rank
 
         optimizer = getattr(self.trainer.optimizer, "optimizer", self.trainer.optimizer)
+        report = tensor_bytes(self.trainer._halo_laid_out, optimizer)
+        teacher = getattr(self.trainer, "teacher_model", None)  # distill's frozen teacher, under its own layout
+        if isinstance(teacher, torch.nn.Module):
+            report["teacher"] = tensor_bytes(teacher)["parameters"]
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / f"rank-{rank()}.json").write_text(json.dumps(tensor_bytes(self.trainer._halo_laid_out, optimizer)))
+        (self.folder / f"rank-{rank()}.json").write_text(json.dumps(report))
         self.done = True
 
     def on_train_end(self, args, state, control, **kwargs):
