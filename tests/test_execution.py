@@ -137,6 +137,7 @@ def test_bad_execution_keys_are_refused_before_start(tmp_path, monkeypatch, fiel
 
 
 @needs_isolation
+@pytest.mark.slow  # a real halo launch: left out of the fast tier
 def test_halo_launch_grpo_grades_code_in_the_sandbox_through_the_pool(tmp_path):
     """One process, three steps: every completion's code (a right solution or ``os._exit(0)``, by its first token)
     graded by ``code_tests`` in the sandbox through a pool of two; the ``python`` tool, run from the same reward,

@@ -76,6 +76,9 @@ def test_the_launcher_meets_a_changed_seam_before_any_process_starts(monkeypatch
     monkeypatch.setattr(transformers.Trainer, "_load_rng_state", lambda self, checkpoint, strict: None)
     for name in ("halo_core.integrations.transformers", "halo_core.trainers.mixin", "halo_core.methods.sft"):
         monkeypatch.delitem(sys.modules, name, raising=False)
+        parent, _, child = name.rpartition(".")  # `from parent import child` reads the parent's attribute first
+        if parent in sys.modules:
+            monkeypatch.delattr(sys.modules[parent], child, raising=False)
     reset_caches()
     try:
         with pytest.raises(HaloError, match=r"Trainer\._load_rng_state\(checkpoint, strict\) where Halo was written for \(checkpoint\)"):
