@@ -151,3 +151,31 @@ def weights(output_dir: Path, auto_class: str = "AutoModelForCausalLM") -> dict[
     import transformers
 
     return getattr(transformers, auto_class).from_pretrained(output_dir, dtype=torch.float32).state_dict()
+
+
+def saved_tiny_model(folder: Path) -> Path:
+    """The tiny model saved with random weights (seed 0) and its tokenizer: a folder a server or judge can serve."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TINY / name, folder)
+    return folder
+
+
+def launch_tool_default(name: str, cwd: Path) -> tuple[Path, dict]:
+    """A bundled one-process GRPO default (``templates/configs/NAME``) for one step from another working directory:
+    its output folder and the step's logged entry, after checking it ended cleanly, quietly and left its model."""
+    from conftest import run_halo
+
+    out = cwd / "run"
+    config = Path(__file__).resolve().parents[1] / "templates" / "configs" / name
+    result = run_halo("launch", "grpo", str(config), "--nproc", "1", "--", f"--output_dir={out}", "--max_steps=1", "--save_steps=1",
+                      cwd=cwd)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert not noise_in(result.stdout + result.stderr)
+    assert (out / "model.safetensors").exists()
+    return out, json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]

@@ -5,7 +5,6 @@ and the embedded default through ``halo launch grpo`` with the tiny model served
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,7 +16,7 @@ from conftest import run_halo
 from halo_core.errors import ConfigError
 from halo_core.rl.judge import llm_judge
 from halo_core.rl.rewards import load_rewards
-from launch_kit import TINY, noise_in
+from launch_kit import TINY, noise_in, saved_tiny_model
 
 CONFIGS = Path(__file__).resolve().parents[1] / "templates" / "configs"
 
@@ -133,15 +132,7 @@ def test_a_local_judge_that_cannot_start_says_why(tmp_path):
 @pytest.fixture(scope="module")
 def judge_model(tmp_path_factory):
     """The tiny model with weights, as the SFT default leaves it (random here: the wiring is what is tested)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    folder = tmp_path_factory.mktemp("judge")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(TINY / name, folder)
-    return folder
+    return saved_tiny_model(tmp_path_factory.mktemp("judge"))
 
 
 def test_the_judge_default_runs_through_halo_launch_with_a_local_judge(tmp_path, judge_model):

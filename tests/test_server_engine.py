@@ -6,7 +6,6 @@ a server that dies mid-run: the run stops with a checkpoint and resumes)."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from halo_core.rl.engines import SamplingParams
 from halo_core.rl.server_engine import EngineError, ServerEngine, get, post
-from launch_kit import TINY, weights, write_run
+from launch_kit import TINY, saved_tiny_model, weights, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -37,12 +36,7 @@ def _port() -> int:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("served")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(TINY / name, folder)
-    return folder
+    return saved_tiny_model(tmp_path_factory.mktemp("served"))
 
 
 class Servers:

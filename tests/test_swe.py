@@ -163,18 +163,10 @@ def test_the_embedded_default_runs_through_halo_launch(tmp_path):
     """``templates/configs/tiny-swe-grpo.yaml``, one step: the environment made per rollout from the bundled rows (the
     repository found beside the data file from another working directory), the tool loop, ``swe_tests`` logged and a
     checkpoint left. The random policy writes no patch: its reward is 0, as the config says."""
-    from conftest import run_halo
-    from launch_kit import noise_in
+    from launch_kit import launch_tool_default
 
-    out = tmp_path / "run"
-    config = Path(__file__).resolve().parents[1] / "templates" / "configs" / "tiny-swe-grpo.yaml"
-    result = run_halo("launch", "grpo", str(config), "--nproc", "1", "--", f"--output_dir={out}", "--max_steps=1", "--save_steps=1",
-                      cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert not noise_in(result.stdout + result.stderr)
-    logged = json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+    _, logged = launch_tool_default("tiny-swe-grpo.yaml", tmp_path)
     assert logged["rewards/swe_tests/mean"] == 0.0 and "tools/call_frequency" in logged, logged
-    assert (out / "model.safetensors").exists()
 
 
 @pytest.mark.parametrize("config, refused", [("tiny-swe-grpo.yaml", "reward_funcs: swe_tests, environment: swe"), ("tiny-search-qa-grpo.yaml", None)])
