@@ -180,7 +180,8 @@ def dpo_worker(variant: str, args, workdir: Path) -> None:
         reference = None if spec["precompute"] else lay_out(build_reference(halo, dpo_args, parallel), parallel)
         trainer = HaloDPOTrainer(model=model, ref_model=reference, args=dpo_args, train_dataset=data,
                                  processing_class=tokenizer, callbacks=[timer], parallel_config=parallel, compile_layers=spec["compile"],
-                                 activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"])
+                                 activation_memory_budget=spec["activation_budget"], adamw_bf16_kahan=spec["kahan"],
+                                 overlap_optimizer_step=spec["overlap"])
     else:
         weights = saved_model(workdir, AutoConfig.from_pretrained(workdir / "model"), dtype)
         model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype, attn_implementation="sdpa", device_map=device)
