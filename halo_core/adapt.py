@@ -28,6 +28,11 @@ def check_splits(registry: Registry, record: PluginRecord, context: ParallelCont
 def adapt_model(model: nn.Module, registry: Registry, record: PluginRecord, context: ParallelContext) -> nn.Module:
     """Wrap MoE blocks, then attention modules, then apply TP; returns the adapted model."""
     check_splits(registry, record, context)
+    return apply_hooks(model, registry, record, context)
+
+
+def apply_hooks(model: nn.Module, registry: Registry, record: PluginRecord, context: ParallelContext) -> nn.Module:
+    """``adapt_model`` for a caller whose ``plan_layout`` has checked the family's splits already (``parallelize``)."""
     hooks = registry.hooks(record)
     blocks = find_moe_blocks(model, record.family)
     if not blocks and context.ep * context.etp > 1:
