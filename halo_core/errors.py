@@ -18,7 +18,18 @@ class BrokenPluginError(HaloError):
 
 
 class LayoutError(HaloError):
-    """A family declaration does not match the model it should adapt."""
+    """A layout that cannot work: degrees that do not fit, or a family declaration that does not match the model.
+
+    ``fields``: the ``ParallelConfig`` fields whose values it refuses, so a caller can act on them (or name them in its
+    own words) without reading the message."""
+
+    def __init__(self, message: str = "", fields: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.fields = tuple(fields)
+
+
+class WorldSizeError(LayoutError):
+    """Degrees whose product does not fit the number of processes: fixed by other degrees or by another world size."""
 
 
 class ConfigError(HaloError):

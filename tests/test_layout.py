@@ -61,6 +61,18 @@ def test_an_undeclared_split_is_refused_before_any_module_is_touched():
         adapt_model(model, registry, record, _context(record, tp=2))
 
 
+def test_parallelize_checks_the_familys_splits_once(monkeypatch):
+    """``plan_layout`` checks the splits; the hooks ``parallelize`` then runs do not check them again (``adapt_model``,
+    the public entry, still does: the test above)."""
+    from halo_core import ParallelConfig, adapt, parallelize
+
+    calls = []
+    checked = adapt.check_splits
+    monkeypatch.setattr(adapt, "check_splits", lambda *args: calls.append(args) or checked(*args))
+    parallelize(tiny_model("qwen3_moe"), ParallelConfig(fsdp=False))
+    assert len(calls) == 1
+
+
 def test_a_hook_may_replace_the_module_it_is_given(plugin_site):
     plugin_site.add_family(
         "halo-plugin-wrapping", "wrapping", ("solar_open",),

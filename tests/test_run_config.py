@@ -1,5 +1,6 @@
 """Every refusal of the run configuration, before any process starts."""
 
+import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -9,6 +10,9 @@ from trl import SFTConfig
 
 from conftest import run_halo
 from halo_core.errors import ConfigError
+from halo_core.parallel.config import OWN_NAMES, RUN_KEYS, ParallelConfig, ParallelDims
+from halo_core.parallel.plan import LayoutPlan, plan_layout
+from halo_core.registry import discover
 from halo_core.trainers.run_config import check_layout, load_run_config, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,19 +202,80 @@ def test_etp_slices_grouped_mm_cannot_take_are_refused_before_start():
     check_layout(load([*wide, "--bf16=true", "--experts_implementation=eager"]), 16)
 
 
+def _refused(make, names):
+    from halo_core.errors import LayoutError
+
+    with pytest.raises(LayoutError) as refused:
+        make(names)
+    return refused.value
+
+
+def _tiny_config():
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(ROOT / "templates" / "tiny" / "model")
+
+
 @pytest.mark.parametrize(
-    "engine, launcher",
+    "make, engine, launcher",
     [
-        ("block has 8 experts, which ep=3 does not divide; choose ep among [1, 2]", "block has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1, 2]"),
-        ("ep*etp = 3*1 = 3 does not divide the data-parallel size 2; choose ep*etp among [1, 2]", "ep*etp = 3*1 = 3 does not divide the data-parallel size 2; choose ep*etp among [1, 2] (set in expert_parallel_size"),
-        ("num_key_value_heads=2 is not divisible by context parallel size cp=4 (context_parallel_size)", "num_key_value_heads=2 is not divisible by context parallel size cp=4 (context_parallel_size)"),
-        ("ParallelConfig.cp_attention='spiral' is unknown", "ParallelConfig.cp_attention='spiral' is unknown"),
+        (lambda names: LayoutPlan(ParallelConfig(ep=3), ParallelDims(world=6, dp=6, ep=3), None).check_experts("block", 8, names=names),
+         "block has 8 experts, which ep=3 does not divide; choose ep among [1, 2]", "block has 8 experts, which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1, 2]"),
+        (lambda names: ParallelConfig(ep=3).resolve(2, names=names),
+         "ep*etp = 3*1 = 3 does not divide the data-parallel size 2", "ep*etp = 3*1 = 3 does not divide the data-parallel size 2 (world 2 / (cp 1 * tp 1)); choose ep*etp among [1, 2] (set in expert_parallel_size"),
+        (lambda names: plan_layout(ParallelConfig(cp=4), _tiny_config(), discover(), 4, names=names),
+         "num_key_value_heads=2 is not divisible by context parallel size cp=4 (context_parallel_size)", "num_key_value_heads=2 is not divisible by context parallel size cp=4 (context_parallel_size)"),
+        (lambda names: ParallelConfig(cp=2, cp_attention="spiral").resolve(2, names=names),
+         "ParallelConfig.cp_attention='spiral' is unknown", "ParallelConfig.cp_attention='spiral' is unknown"),
     ],
 )
-def test_layout_messages_speak_the_runs_field_names(engine, launcher):
-    from halo_core.trainers.run_config import _in_run_fields
+def test_layout_messages_speak_the_runs_field_names(make, engine, launcher):
+    """The engine's message names the degrees as ``ParallelConfig`` does; the launcher's (``names=RUN_KEYS``) by the
+    run's keys, written so when raised rather than rewritten from the text afterwards."""
+    from halo_core.trainers.run_config import _in_run_words
 
-    assert _in_run_fields(engine).startswith(launcher)
+    assert str(_refused(make, OWN_NAMES)).startswith(engine)
+    assert _in_run_words(_refused(make, RUN_KEYS)).startswith(launcher)
+
+
+def test_the_layout_keys_are_written_once():
+    """``RUN_KEYS`` is the one list of layout fields: every ``ParallelConfig`` field has one YAML key, each a
+    ``HaloArguments`` field that ``parallel_config`` reads into it, and no other layout key exists anywhere."""
+    from halo_core.methods.distill import TEACHER_KEYS, HaloDistillConfig
+    from halo_core.parallel import plan
+    from halo_core.trainers.arguments import HaloArguments
+
+    assert set(RUN_KEYS) == {f.name for f in dataclasses.fields(ParallelConfig)}
+    assert len(set(RUN_KEYS.values())) == len(RUN_KEYS)
+    arguments = {f.name for f in dataclasses.fields(HaloArguments)}
+    assert set(RUN_KEYS.values()) <= arguments
+    assert {a for a in arguments if "parallel" in a or "shard" in a or "fsdp" in a or "dispatcher" in a} == set(RUN_KEYS.values())
+    marked = {key: (f"v-{field}" if field in ("cp_attention", "ep_dispatcher") else i + 2) for i, (field, key) in enumerate(RUN_KEYS.items())}
+    parallel = HaloArguments(model_name_or_path="m", dataset=[], **marked).parallel_config()
+    assert {field: getattr(parallel, field) for field in RUN_KEYS} == {field: marked[key] for field, key in RUN_KEYS.items()}
+    teacher = {f.name for f in dataclasses.fields(HaloDistillConfig) if f.name.startswith("teacher_") and f.name.endswith("_size")}
+    assert teacher == set(TEACHER_KEYS.values()) and all(key == f"teacher_{RUN_KEYS[s]}" for s, key in TEACHER_KEYS.items())
+    assert not hasattr(plan, "RUN_FIELDS")
+
+
+def test_a_refused_degree_carries_its_field_and_names_its_key():
+    """The refusal says which ``ParallelConfig`` field it refuses (``fields``) and, given ``names``, writes that
+    field's YAML key itself: no regex turns ``ep=3`` into ``expert_parallel_size=3`` afterwards."""
+    from halo_core.adapt import check_splits
+    from halo_core.context import ParallelContext
+    from halo_core.errors import WorldSizeError
+    from halo_core.trainers import run_config
+
+    experts = _refused(lambda names: plan_layout(ParallelConfig(ep=3), _tiny_config(), discover(), 3, names=names), RUN_KEYS)
+    assert experts.fields == ("ep",) and "which expert_parallel_size=3 does not divide; choose expert_parallel_size among [1]" in str(experts)
+    registry = discover(strict=False)
+    olmoe = registry.family_record("olmoe")
+    context = ParallelContext(family=olmoe.family, model_type="olmoe", model_config=None, tp=2)
+    split = _refused(lambda names: check_splits(registry, olmoe, context, names), RUN_KEYS)
+    assert split.fields == ("tp",) and "does not support tensor_parallel_size=2 " in str(split) and str(split).endswith("Set tensor_parallel_size=1.")
+    world = _refused(lambda names: ParallelConfig(tp=3).resolve(4, names=names), RUN_KEYS)
+    assert isinstance(world, WorldSizeError) and world.fields == ("cp", "tp")
+    assert not hasattr(run_config, "re") and not hasattr(run_config, "_DEGREE")
 
 
 def test_a_single_value_where_trl_takes_a_list_is_read_as_that_list():

@@ -37,12 +37,17 @@ from trl.experimental.utils import DataCollatorForChatML  # noqa: E402
 
 from halo_core.errors import ConfigError
 from halo_core.methods.divergence import generalized_jsd
+from halo_core.parallel.config import RUN_KEYS
 from halo_core.parallel.layout_state import layout_of
 from halo_core.rl.engines import SamplingParams
 from halo_core.rl.hf_engine import HFEngine
 from halo_core.trainers.method import Method
 from halo_core.trainers.mixin import DistributedTrainerMixin
 from halo_core.trainers.run_config import RunConfig
+
+
+#: The teacher's own degrees: each split's run key with ``teacher_`` before it (``HaloDistillConfig`` declares them).
+TEACHER_KEYS = {s: f"teacher_{RUN_KEYS[s]}" for s in ("ep", "etp", "tp")}
 
 
 @dataclass
@@ -171,10 +176,9 @@ def teacher_parallel(run: RunConfig, args, teacher_config):
 
     student = run.halo.parallel_config()
     moe = teacher_config is None or bool(first_field(teacher_config, EXPERT_COUNT_FIELDS))
-    pick = lambda key, own: own if getattr(args, key) is None else getattr(args, key)  # noqa: E731
-    return dataclasses.replace(student, ep=pick("teacher_expert_parallel_size", student.ep if moe else 1),
-                               etp=pick("teacher_expert_tensor_parallel_size", student.etp if moe else 1),
-                               tp=pick("teacher_tensor_parallel_size", student.tp))
+    default = {"ep": student.ep if moe else 1, "etp": student.etp if moe else 1, "tp": student.tp}
+    asked = {s: getattr(args, key) for s, key in TEACHER_KEYS.items()}
+    return dataclasses.replace(student, **{s: default[s] if asked[s] is None else asked[s] for s in TEACHER_KEYS})
 
 
 def build_teacher(run: RunConfig, args, parallel):
@@ -242,8 +246,7 @@ def _check_teacher(run: RunConfig, args, world: int) -> None:
     try:
         plan_layout(teacher_parallel(run, args, teacher), teacher, discover(), world)
     except HaloError as exc:
-        raise ConfigError(f"{where}: the teacher ({path}) cannot take its layout: {exc}; set teacher_expert_parallel_size / "
-                          f"teacher_expert_tensor_parallel_size / teacher_tensor_parallel_size") from None
+        raise ConfigError(f"{where}: the teacher ({path}) cannot take its layout: {exc}; set {' / '.join(TEACHER_KEYS.values())}") from None
 
 
 def _check_same_tokenizer(where: str, student_path: str, teacher_path: str) -> None:

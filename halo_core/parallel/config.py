@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from halo_core.errors import LayoutError
+from halo_core.errors import LayoutError, WorldSizeError
 
 SPLIT_NAMES = ("ep", "etp", "tp", "cp")
 CP_ATTENTION = ("ulysses", "ring")
+#: Each ``ParallelConfig`` field under the key a run's YAML (``HaloArguments``) gives it: the one list of layout fields,
+#: which ``HaloArguments.parallel_config``, the launcher's messages and distill's ``teacher_*`` keys read.
+RUN_KEYS = {"ep": "expert_parallel_size", "etp": "expert_tensor_parallel_size", "tp": "tensor_parallel_size",
+            "cp": "context_parallel_size", "cp_attention": "context_parallel_attention", "ep_dispatcher": "ep_dispatcher",
+            "fsdp": "shard_parameters", "fsdp_unit_layers": "fsdp_unit_layers"}
+#: The splits under their own names: what a message calls them where the caller (``names=``) does not say otherwise.
+OWN_NAMES = {s: s for s in SPLIT_NAMES}
 
 
 def divisors(n: int) -> list[int]:
@@ -44,20 +51,21 @@ class ParallelConfig:
     #: that for holding their unsharded parameters at once.
     fsdp_unit_layers: int = 1
 
-    def resolve(self, world_size: int, works=None) -> "ParallelDims":
+    def resolve(self, world_size: int, works=None, names=OWN_NAMES) -> "ParallelDims":
         """Check the degrees against ``world_size``; raise ``LayoutError`` naming the numbers and the fix.
 
         ``works(ep, etp)``, where given, says whether those degrees pass every other rule (the model's expert count
-        and width, the family's splits): the fix then names only those, not every divisor of the data-parallel size."""
+        and width, the family's splits): the fix then names only those, not every divisor of the data-parallel size.
+        ``names``: what a message calls a degree it refuses on its own (``RUN_KEYS`` in a run's words)."""
         for field in (*SPLIT_NAMES, "fsdp_unit_layers"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 meaning = "decoder layers per FSDP unit" if field == "fsdp_unit_layers" else "1 = not split"
-                raise LayoutError(f"ParallelConfig.{field}={value!r} must be a positive integer ({meaning})")
+                raise LayoutError(f"ParallelConfig.{names.get(field, field)}={value!r} must be a positive integer ({meaning})", (field,))
         if world_size % (self.cp * self.tp):
-            raise LayoutError(
+            raise WorldSizeError(
                 f"world size {world_size} is not divisible by cp*tp = {self.cp}*{self.tp} = {self.cp * self.tp}; "
-                f"choose cp and tp whose product divides {world_size} (divisors: {divisors(world_size)})"
+                f"choose cp and tp whose product divides {world_size} (divisors: {divisors(world_size)})", ("cp", "tp")
             )
         dp = world_size // (self.cp * self.tp)
         if dp % (self.ep * self.etp):
@@ -67,14 +75,14 @@ class ParallelConfig:
                 if pairs:
                     shown = ", ".join(f"ep={ep} etp={etp}" for ep, etp in sorted(pairs, key=lambda p: (p[0] * p[1], p)))
                     fix = f"choose ep*etp among {sorted({ep * etp for ep, etp in pairs})} ({shown} {'pass' if len(pairs) > 1 else 'passes'} every rule for this model)"
-            raise LayoutError(
+            raise WorldSizeError(
                 f"ep*etp = {self.ep}*{self.etp} = {self.ep * self.etp} does not divide the data-parallel size {dp} "
-                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); {fix}"
+                f"(world {world_size} / (cp {self.cp} * tp {self.tp})); {fix}", ("ep", "etp")
             )
         if self.cp_attention not in CP_ATTENTION:
-            raise LayoutError(f"ParallelConfig.cp_attention={self.cp_attention!r} is unknown; choose one of {list(CP_ATTENTION)}")
+            raise LayoutError(f"ParallelConfig.cp_attention={self.cp_attention!r} is unknown; choose one of {list(CP_ATTENTION)}", ("cp_attention",))
         if not isinstance(self.fsdp, bool):
-            raise LayoutError(f"ParallelConfig.fsdp={self.fsdp!r} must be true or false")
+            raise LayoutError(f"ParallelConfig.fsdp={self.fsdp!r} must be true or false", ("fsdp",))
         return ParallelDims(world=world_size, dp=dp, ep=self.ep, etp=self.etp, tp=self.tp, cp=self.cp)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
-from halo_core.adapt import adapt_model
+from halo_core.adapt import apply_hooks
 from halo_core.context import ParallelContext
 from halo_core.errors import LayoutError
 from halo_core.layout import find_moe_blocks
@@ -63,7 +63,7 @@ def parallelize(model: nn.Module, config: ParallelConfig, registry: Registry | N
         family=record.family, model_type=plan.model_type, model_config=model.config, dp=dims.dp, mesh=mesh, ep_dispatcher=dispatcher,
         cp_attention=config.cp_attention, **wanted
     )
-    model = adapt_model(model, registry, record, context)
+    model = apply_hooks(model, registry, record, context)  # plan_layout checked the splits
 
     expert_modules = [(n, m) for n, m in model.named_modules() if expert_parallel.uses_expert_parallel(m)]
     interface = [m for _, m in expert_modules if expert_parallel.is_interface(m)]  # others run halo_ep through their forward

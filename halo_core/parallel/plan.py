@@ -14,13 +14,11 @@ from typing import Any
 
 from halo_core.hf_config import text_config
 from halo_core.errors import HaloError, LayoutError
-from halo_core.parallel.config import ParallelConfig, ParallelDims, divisors, ep_degrees
+from halo_core.parallel.config import OWN_NAMES, RUN_KEYS, ParallelConfig, ParallelDims, divisors, ep_degrees
 
 #: Config fields that hold a MoE model's expert count and its experts' intermediate width.
 EXPERT_COUNT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 EXPERT_WIDTH_FIELDS = ("moe_intermediate_size", "intermediate_size")
-#: Each split's degree as a run's YAML names it.
-RUN_FIELDS = {"ep": "expert_parallel_size", "etp": "expert_tensor_parallel_size", "tp": "tensor_parallel_size", "cp": "context_parallel_size"}
 #: ``torch._grouped_mm`` refuses operands whose strides are not multiples of 16 bytes.
 GROUPED_MM_ALIGNMENT = 16
 
@@ -40,12 +38,13 @@ class LayoutPlan:
         """The splits asked for with a degree above one."""
         return {s: getattr(self.dims, s) for s in ("ep", "etp", "tp", "cp") if getattr(self.dims, s) > 1}
 
-    def check_experts(self, where: str, num_experts: int, works=None) -> None:
+    def check_experts(self, where: str, num_experts: int, works=None, names=OWN_NAMES) -> None:
         """``ep`` must divide the experts; name the degrees that would work on this world (and pass ``works(ep)``,
-        every other rule, where given)."""
+        every other rule, where given), calling ``ep`` ``names["ep"]``."""
         if num_experts % self.dims.ep:
             valid = [ep for ep in ep_degrees(num_experts, self.dims.dp, self.dims.etp) if works is None or works(ep)]
-            raise LayoutError(f"{where} has {num_experts} experts, which ep={self.dims.ep} does not divide; choose ep among {valid}")
+            ep = names["ep"]
+            raise LayoutError(f"{where} has {num_experts} experts, which {ep}={self.dims.ep} does not divide; choose {ep} among {valid}", ("ep",))
 
     def check_expert_width(self, where: str, width: int, itemsize: int, grouped_mm: bool, works=None) -> None:
         """``etp`` must divide the experts' intermediate width, and under ``grouped_mm`` each slice must keep
@@ -56,13 +55,13 @@ class LayoutPlan:
         if width % etp:
             fix = (f"choose etp among the divisors of {width}: {divisors(width)}" if works is None else
                    f"choose etp among {[d for d in divisors(width) if works(d)]} (the divisors of {width} that pass every rule on this world)")
-            raise LayoutError(f"{where}: intermediate size {width} is not divisible by expert_tensor_parallel_size etp={etp}; {fix}")
+            raise LayoutError(f"{where}: intermediate size {width} is not divisible by expert_tensor_parallel_size etp={etp}; {fix}", ("etp",))
         if grouped_mm and (width // etp * itemsize) % GROUPED_MM_ALIGNMENT:
             valid = [d for d in divisors(width) if (width // d * itemsize) % GROUPED_MM_ALIGNMENT == 0 and (works is None or works(d))]
             raise LayoutError(
                 f"{where}: expert_tensor_parallel_size etp={etp} leaves slices of {width // etp} columns "
                 f"({width // etp * itemsize} bytes at {itemsize} bytes an element), but grouped_mm needs rows of a multiple of "
-                f"{GROUPED_MM_ALIGNMENT} bytes; choose etp among {valid}, or experts_implementation: eager"
+                f"{GROUPED_MM_ALIGNMENT} bytes; choose etp among {valid}, or experts_implementation: eager", ("etp",)
             )
 
 
@@ -84,7 +83,7 @@ def first_field(model_config, fields: tuple[str, ...]) -> int | None:
 
 def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, itemsize: int = 2,
                 experts_implementation: str | None = None, experts_from_config: bool = True,
-                trainable_splits: frozenset[str] | None = None, _suggest: bool = True) -> LayoutPlan:
+                trainable_splits: frozenset[str] | None = None, names=OWN_NAMES, _suggest: bool = True) -> LayoutPlan:
     """Resolve ``config`` on ``world`` ranks for a model of ``model_config`` (``None``: a hub id not read yet)
     and check every rule that needs no module; raise ``LayoutError`` naming the numbers and the fix.
 
@@ -93,6 +92,8 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     ``experts_from_config=False`` leaves the expert count and width to the caller, which reads
     them off every MoE block (``parallelize``: blocks may differ, and their names make the message).
     ``trainable_splits``: the splits the caller's method trains (``None``: any); a fix suggests no other.
+    ``names``: what a message calls a degree it refuses (``RUN_KEYS``: a run's YAML keys); a rule's ``LayoutError``
+    carries the refused fields in ``fields`` as well.
     """
     from halo_core.adapt import check_splits
     from halo_core.context import ParallelContext
@@ -109,10 +110,11 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
             return False
         return True
 
-    dims = config.resolve(world, works if _suggest else None)
+    dims = config.resolve(world, works if _suggest else None, names)
     if config.fsdp_unit_layers > 1 and not config.fsdp:
         raise LayoutError(
-            f"fsdp_unit_layers={config.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two"
+            f"fsdp_unit_layers={config.fsdp_unit_layers} groups FSDP units, but shard_parameters is false (no FSDP); remove one of the two",
+            ("fsdp_unit_layers", "fsdp"),
         )
     model_type = getattr(model_config, "model_type", None)
     record = registry.family_record(model_type) if model_type else None
@@ -121,13 +123,14 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     if wanted and model_type and record is None:
         asked = ", ".join(f"{s}={n}" for s, n in sorted(wanted.items()))
         ones = ", ".join(f"{s}=1" for s in sorted(wanted))
-        fields = ", ".join(RUN_FIELDS[s] for s in sorted(wanted))
+        fields = ", ".join(RUN_KEYS[s] for s in sorted(wanted))
         raise LayoutError(
             f"no installed family plugin claims model type {model_type!r}, so it trains with data parallelism (FSDP2) "
-            f"only, not {asked}; set {ones} (in a run's YAML: {fields}) or install a plugin for {model_type!r}"
+            f"only, not {asked}; set {ones} (in a run's YAML: {fields}) or install a plugin for {model_type!r}", tuple(sorted(wanted))
         )
     if record is not None:
-        check_splits(registry, record, ParallelContext(family=record.family, model_type=model_type, model_config=model_config, dp=dims.dp, **wanted))
+        check_splits(registry, record, ParallelContext(family=record.family, model_type=model_type, model_config=model_config, dp=dims.dp, **wanted),
+                     names)
     if dims.ep > 1:
         plan = dataclasses.replace(plan, dispatcher_class=get_dispatcher(config.ep_dispatcher))
     if model_config is not None:
@@ -135,7 +138,7 @@ def plan_layout(config: ParallelConfig, model_config, registry, world: int, *, i
     if model_config is not None and experts_from_config:
         experts = first_field(model_config, EXPERT_COUNT_FIELDS)
         if experts and dims.ep > 1:
-            plan.check_experts("the model", experts, (lambda ep: works(ep, dims.etp)) if _suggest else None)
+            plan.check_experts("the model", experts, (lambda ep: works(ep, dims.etp)) if _suggest else None, names)
         width = first_field(model_config, EXPERT_WIDTH_FIELDS)
         if width:
             implementation = experts_implementation or getattr(model_config, "_experts_implementation", None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from halo_core.parallel.config import ParallelConfig
+from halo_core.parallel.config import RUN_KEYS, ParallelConfig
 
 
 @dataclass
@@ -107,13 +107,5 @@ class HaloArguments:
     moe_bias_update_rate: float = 0.0
 
     def parallel_config(self) -> ParallelConfig:
-        return ParallelConfig(
-            ep=self.expert_parallel_size,
-            etp=self.expert_tensor_parallel_size,
-            tp=self.tensor_parallel_size,
-            cp=self.context_parallel_size,
-            ep_dispatcher=self.ep_dispatcher,
-            cp_attention=self.context_parallel_attention,
-            fsdp=self.shard_parameters,
-            fsdp_unit_layers=self.fsdp_unit_layers,
-        )
+        """The layout keys as ``ParallelConfig`` fields, through the one table of both names (``RUN_KEYS``)."""
+        return ParallelConfig(**{field: getattr(self, key) for field, key in RUN_KEYS.items()})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,9 @@ from typing import Any
 
 import yaml
 
-from halo_core.errors import ConfigError, HaloError
-from halo_core.parallel.plan import RUN_FIELDS, plan_layout
+from halo_core.errors import ConfigError, HaloError, WorldSizeError
+from halo_core.parallel.config import RUN_KEYS
+from halo_core.parallel.plan import plan_layout
 from halo_core.trainers import dataset_keys, yaml_loader
 from halo_core.trainers.arguments import DatasetSource, HaloArguments
 from halo_core.trainers.typecheck import coerce, describe, matches
@@ -187,16 +187,16 @@ def check_layout(run: RunConfig, world_size: int, registry=None, model_config=No
     itemsize = 2 if _trains_in_bf16(run, world_size) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
-                           experts_implementation=run.halo.experts_implementation, trainable_splits=get_method(run.method).splits)
+                           experts_implementation=run.halo.experts_implementation, trainable_splits=get_method(run.method).splits, names=RUN_KEYS)
     except HaloError as exc:
-        raise ConfigError(f"{run.source}: {_in_run_fields(str(exc))}") from None
+        raise ConfigError(f"{run.source}: {_in_run_words(exc)}") from None
     dims = plan.dims
     method_splits = get_method(run.method).splits
     beyond_method = sorted(s for s in plan.splits if s not in method_splits)
     if beyond_method:
         raise ConfigError(
             f"{run.source}: method {run.method!r} cannot train with {', '.join(f'{s}={getattr(dims, s)}' for s in beyond_method)} yet "
-            f"(it supports {sorted(method_splits)}); set {', '.join(RUN_FIELDS[s] for s in beyond_method)} to 1"
+            f"(it supports {sorted(method_splits)}); set {', '.join(RUN_KEYS[s] for s in beyond_method)} to 1"
         )
     if run.halo.compile_layers and dims.tp > 1:
         from halo_core.trainers.parts.compile import TP_UNSUPPORTED
@@ -205,18 +205,16 @@ def check_layout(run: RunConfig, world_size: int, registry=None, model_config=No
     return {"dims": dims, "model_type": plan.model_type, "family": plan.record.name if plan.record else None}
 
 
-_LAYOUT_FIELDS = "expert_parallel_size / expert_tensor_parallel_size / tensor_parallel_size / context_parallel_size / context_parallel_attention / ep_dispatcher / fsdp_unit_layers"
-_DEGREE = re.compile(r"(?<![*\w])(ep|etp|tp|cp)(?==\d| among)")  # "ep=3", "choose ep among"; not "ep*etp"
+#: The keys that set the degrees and how they lay out (all but ``shard_parameters``, which changes no degree).
+_LAYOUT_KEYS = " / ".join(key for field, key in RUN_KEYS.items() if field != "fsdp")
 
 
-def _in_run_fields(message: str) -> str:
-    """A layout rule's message in the run's own field names (``ep=3`` -> ``expert_parallel_size=3``); a rule on
-    products of degrees (``ep*etp``, ``cp*tp``) gets the list of fields that set them."""
-    if any(field in message for field in RUN_FIELDS.values()):  # already says which field
-        return message
-    if "cp*tp" in message or "ep*etp" in message:
-        return f"{message} (set in {_LAYOUT_FIELDS}, or change --nproc)"
-    return _DEGREE.sub(lambda m: RUN_FIELDS[m[1]], message)
+def _in_run_words(exc: HaloError) -> str:
+    """A layout refusal as a run reads it: ``plan_layout`` already named the degrees by their keys (``names=RUN_KEYS``);
+    a rule on products of degrees and the world size (``ep*etp``, ``cp*tp``) also gets the keys that set them."""
+    if isinstance(exc, WorldSizeError):
+        return f"{exc} (set in {_LAYOUT_KEYS}, or change --nproc)"
+    return str(exc)
 
 
 def _trains_in_bf16(run: RunConfig, world: int = 1) -> bool:
