@@ -15,6 +15,10 @@ def lay_out(model: nn.Module, config: ParallelConfig) -> nn.Module:
 
     if not is_laid_out(model):
         model = parallelize(model, config)
-    # The model owns its placement and gradient reduction: Accelerate must neither move it nor wrap it in DDP.
-    setattr(model, PREPARED, True)
+    keep_from_accelerate(model)
     return model
+
+
+def keep_from_accelerate(model: nn.Module) -> None:
+    """The model owns its placement and gradient reduction: Accelerate must neither move it nor wrap it in DDP."""
+    setattr(model, PREPARED, True)
