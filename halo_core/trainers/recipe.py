@@ -6,7 +6,8 @@
    checkpoint).
 3. ``adapters``: LoRA (``use_peft``) on the laid-out model: ``runtime.with_adapters``.
 4. ``frozen``: the reference policy and distill's teacher, each built and laid out, resharded after every forward.
-5. ``compile``: ``compile_layers``, each decoder layer's forward, the reference's under the same compilation.
+5. ``compile``: ``compile_layers``, each decoder layer's forward, and the reference's under the same compilation
+   where the trainer says so (``halo_compiles_reference``: DPO, KTO; GRPO's runs eager).
 6. ``trainer``: the method's trainer over those models; after its ``__init__``, where TRL adds its fused LM head,
    ``split_head`` splits that head's sequences over CP.
 
