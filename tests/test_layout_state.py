@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from halo_core.parallel.config import ParallelConfig
-from halo_core.parallel.layout_state import laid_out, layout_of, shard_of, wrap
+from halo_core.parallel.layout_state import is_laid_out, laid_out, layout_of, register_shard, shard_of, wrap
 from halo_core.parallel.parallelize import parallelize
 from halo_core.tiny import tiny_model
 
@@ -56,6 +56,23 @@ def test_a_wrapper_copied_answers_for_its_own_copy_of_the_model():
     copied = copy.deepcopy(wrapper)
     assert laid_out(copied) is copied[0] and layout_of(copied) is layout_of(copied[0])
     assert list(copied.state_dict()) == list(wrapper.state_dict())  # the record adds no second name for the model
+
+
+def test_is_laid_out_answers_for_the_model_and_its_wrapper_and_lay_out_leaves_a_laid_out_model_as_it_is():
+    """A module holding only a shard is not laid out; the model is once ``parallelize`` ran, and so is a
+    wrapper of it. ``lay_out`` asks this (it caught ``layout_of``'s error before) and parallelizes only what is not."""
+    from halo_core.trainers.parts.layout import lay_out
+
+    plain = tiny_model("qwen3_moe", {"num_hidden_layers": 2})
+    assert not is_laid_out(plain) and not is_laid_out(torch.nn.Sequential(plain))
+    model = lay_out(plain, ParallelConfig())
+    holder = torch.nn.Linear(2, 2)
+    register_shard(holder, object())
+    assert not is_laid_out(holder)  # Halo's record on it, but no layout in it
+    assert is_laid_out(model) and lay_out(model, ParallelConfig(ep=2)) is model and layout_of(model).dims.ep == 1
+    wrapper = torch.nn.Sequential(model)
+    wrap(wrapper, model)
+    assert is_laid_out(wrapper)
 
 
 def test_a_deepcopy_shares_the_process_groups_and_pickling_refuses_in_one_line():

@@ -114,6 +114,7 @@ class HaloGRPOTrainer(DistributedTrainerMixin, GRPOTrainer):
     """TRL's GRPOTrainer on a Halo layout, its rollouts from a rollout engine."""
 
     halo_shared_batch = True  # a TP group pools its prompts before generating (_generate_and_score_completions)
+    halo_compiles_reference = False  # its reference reaches TRL past the mixin (reference_given) and runs eager
 
     def __init__(self, *args, ref_model=None, **kwargs):
         config = kwargs["args"]

@@ -168,6 +168,13 @@ def laid_out(model: nn.Module) -> nn.Module:
     return model if held is None or held.wraps is None else held.wraps
 
 
+def is_laid_out(model: nn.Module) -> bool:
+    """Whether ``parallelize`` laid ``model`` out (or the model a wrapper holds, ``wrap``), asked without catching
+    ``layout_of``'s error: a caller that lays out only what is not laid out yet (``parts/layout.lay_out``)."""
+    held = getattr(laid_out(model), _SLOT, None)
+    return held is not None and held.layout is not None
+
+
 def layout_of(model: nn.Module) -> ModelLayout:
     held = getattr(laid_out(model), _SLOT, None)
     if held is None or held.layout is None:

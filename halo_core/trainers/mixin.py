@@ -16,13 +16,12 @@ from halo_core.parallel.fsdp import reshard_all
 from halo_core.parallel.grads import global_grad_norm, sync_gradients
 from halo_core.parallel.loading import load_into
 from halo_core.trainers.parts import checkpoint, console, evaluation, model_card, global_batch, moe_aux, moe_bias, moe_load, nan_filter, nonfinite
-from halo_core.trainers.parts.compile import compile_decoder_layers
 from halo_core.parallel.layout_state import laid_out, layout_of
 from halo_core.trainers.parts.context import split_for_shared_sample
-from halo_core.trainers.parts.layout import lay_out
-from halo_core.trainers.parts.pool import pool_rows, split_fused_head_over_cp
+from halo_core.trainers.parts.pool import pool_rows
 from halo_core.trainers.parts.optimizer import build_adamw_bf16, clip_gradients, wants_adamw_bf16
 from halo_core.trainers.parts.throughput import ThroughputMeter
+from halo_core.trainers import recipe
 
 
 def sharing(model) -> int:
@@ -41,16 +40,15 @@ class DistributedTrainerMixin:
     #: The trainer hands every rank of a CP x TP group the same rows itself (GRPO pools its prompts before it
     #: generates): the loss is computed as it is, with nothing split or pooled.
     halo_shared_batch: bool = False
+    #: A reference policy the trainer takes as ``ref_model`` runs under the policy's compiled layers (``compile_layers``);
+    #: GRPO hands its reference to TRL past the mixin (``reference_given``), and it runs eager.
+    halo_compiles_reference: bool = True
 
     def __init__(self, *args, parallel_config: ParallelConfig | None = None, adamw_bf16_kahan: bool = False, compile_layers: bool = False,
                  activation_memory_budget: float | None = None, overlap_optimizer_step: bool = False, async_save: bool = False,
                  max_nonfinite_skips: int = 0, moe_bias_update_rate: float = 0.0, **kwargs):
-        kwargs["model"] = lay_out(kwargs["model"], parallel_config or ParallelConfig())
-        reference = kwargs.get("ref_model")
-        if reference is not None:
-            kwargs["ref_model"] = reference = lay_out(reference, parallel_config or ParallelConfig())
-        if compile_layers:
-            compile_decoder_layers(laid_out(kwargs["model"]), activation_memory_budget, frozen=reference)
+        # A launched run's models come laid out and compiled (trainers/recipe.py); one built here directly is done now.
+        owes_split = recipe.for_direct_trainer(kwargs, parallel_config or ParallelConfig(), compile_layers, activation_memory_budget)
         if kwargs.get("args") is not None:
             keep_experts_interface(kwargs["args"])
         self._halo_kahan = adamw_bf16_kahan
@@ -70,10 +68,8 @@ class DistributedTrainerMixin:
         moe_bias.attach(self, moe_bias_update_rate)  # aux-loss-free balancing, when asked
         moe_aux.install(self._halo_laid_out, self._halo_moe)  # the router's aux loss over the global batch
         reshard_all(self._halo_laid_out)  # a trainer's __init__ may have run forwards (precomputed reference log-probs)
-        if self.halo_sequence_loss:
-            for model in (self.model, getattr(self, "ref_model", None)):
-                if model is not None and hasattr(model, "get_output_embeddings"):
-                    split_fused_head_over_cp(model, self._halo_pad_token_id())
+        if owes_split:
+            recipe.split_head(self)
 
     @property
     def _halo_laid_out(self):

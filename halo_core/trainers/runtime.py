@@ -149,24 +149,20 @@ def _train(run, trainer_class, config_class, watch, *, reference, num_labels, fr
     dataset, eval_dataset = datasets_for(run, args.seed, seed_of(args))
     prepare_args(args, dataset)
     processing_class = build_processing_class(run.halo.model_name_or_path, dataset)  # a processor for image rows (SFT)
-    tokenizer = getattr(processing_class, "tokenizer", processing_class)
-    labels = num_labels(args) if num_labels is not None else None
-    model = build_model(run.halo, args, parallel, labels, tokenizer.pad_token_id if labels is not None else None)
-    model = with_adapters(model, run, args, parallel, processing_class)
-    if reference is not None and reference(args):
-        trainer_kwargs["ref_model"] = lay_out_frozen(build_reference(run.halo, args, parallel), parallel)
-    for keyword, (model_of_keyword, its_parallel) in (frozen(args, parallel) if frozen else {}).items():
-        trainer_kwargs[keyword] = lay_out_frozen(model_of_keyword, its_parallel)
-    trainer = trainer_class(
-        model=model,
-        args=args,
+    from halo_core.trainers import recipe
+
+    trainer = recipe.build(  # the model, its layout, adapters, frozen models, compilation, the trainer: in order
+        run,
+        args,
+        parallel,
+        trainer_class,
+        processing_class,
+        labels=num_labels(args) if num_labels is not None else None,
+        reference=reference is not None and reference(args),
+        frozen=frozen,
         train_dataset=dataset,
         eval_dataset=eval_dataset,
-        processing_class=processing_class,
-        parallel_config=parallel,
         adamw_bf16_kahan=run.halo.adamw_bf16_kahan,
-        compile_layers=run.halo.compile_layers,
-        activation_memory_budget=run.halo.activation_memory_budget,
         overlap_optimizer_step=run.halo.overlap_optimizer_step,
         async_save=run.halo.async_save,
         max_nonfinite_skips=run.halo.max_nonfinite_skips,
@@ -226,8 +222,8 @@ def base_model_path(run, args) -> str:
     return os.path.abspath(path) if os.path.isdir(path) else path
 
 
-def with_adapters(model, run, args, parallel, tokenizer):
-    """The model laid out with its LoRA adapters when the run sets ``use_peft`` (TRL's keys), else unchanged."""
+def with_adapters(model, run, args, tokenizer):
+    """The laid-out model with its LoRA adapters when the run sets ``use_peft`` (TRL's keys), else unchanged."""
     from halo_core.lora import settings
 
     config = settings.lora_config(run.peft)
@@ -235,9 +231,7 @@ def with_adapters(model, run, args, parallel, tokenizer):
         return model
     from halo_core.lora.inject import add_adapters
     from halo_core.trainers.parts import checkpoint
-    from halo_core.trainers.parts.layout import lay_out
 
-    model = lay_out(model, parallel)
     base = base_model_path(run, args)
     add_adapters(model, config, args.seed, base)
     if run.halo.random_init:  # the adapter's base must be loadable: its weights exist nowhere else
