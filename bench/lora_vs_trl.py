@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 
 from sft_checks import start_measuring
-from sft_halo_row import halo_command, halo_result
+from sft_halo_row import halo_command, halo_result, unwrapped
 from sft_report import flops_per_token, print_reports, write
 from sft_rows import run_variant
 from sft_trl_row import step_timer, write_row
@@ -132,7 +132,7 @@ def lora_fields(kind: str) -> dict:
 
 def halo_logs_result(output: str, seq: int, batch: int, every: int) -> dict:
     """``halo_result`` over the logs after the step-1 log (``logging_first_step``), plus that step's loss first."""
-    lines = output.splitlines()
+    lines = unwrapped(output).splitlines()
     logs = [i for i, line in enumerate(lines) if line.startswith("{") and "tokens_per_second_per_device" in line]
     if not logs:
         raise RuntimeError(f"no trainer log in the output:\n{output[-3000:]}")

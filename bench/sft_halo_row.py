@@ -55,8 +55,21 @@ def halo_command(variant: str, spec: dict, args, workdir: Path, method: str = "s
     return [sys.executable, "-m", "halo_cli", "launch", method, str(path), "--nproc", str(args.nproc)]
 
 
+def unwrapped(output: str) -> str:
+    """``output`` with each trainer log on one line again: Halo's console wraps a log's dict at 120 characters
+    (``halo_core/trainers/parts/console.py``), its continuation lines indented."""
+    lines: list[str] = []
+    for line in output.splitlines():
+        if lines and lines[-1].startswith("{") and not lines[-1].rstrip().endswith("}") and line.startswith(" "):
+            lines[-1] = lines[-1].rstrip() + " " + line.strip()
+        else:
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def halo_result(output: str, seq: int, batch: int, every: int) -> dict:
     """The median over the logs after warm-up of the trainer's tokens/s, each the average of ``every`` steps."""
+    output = unwrapped(output)
     logs = [ast.literal_eval(line) for line in output.splitlines() if line.startswith("{") and "tokens_per_second_per_device" in line]
     skip = -(-WARMUP // every)  # logs covering a warm-up step
     if len(logs) <= skip:
