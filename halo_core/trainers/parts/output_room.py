@@ -22,6 +22,7 @@ import shutil
 from pathlib import Path
 
 from halo_core.errors import ConfigError
+from halo_core.trainers.run_config import model_config_of
 from halo_core.trainers.run_plan import RunPlan
 
 FIELD = "output_dir"
@@ -100,7 +101,6 @@ def parameter_count(run, args, config=None) -> int:
 
     from halo_core.parallel.loading import build_from_config, model_class_for, sequence_head
     from halo_core.trainers.method import get_method
-    from halo_core.trainers.run_config import model_config_of
 
     config = config if config is not None else model_config_of(run)
     head = get_method(run.method).sequence_classification
