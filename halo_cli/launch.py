@@ -25,6 +25,7 @@ from halo_core.trainers.parts.global_batch import keep as keep_global_batch
 from halo_core.trainers.parts.resume import check_resume
 from halo_core.trainers.run_checks import check_run
 from halo_core.trainers.run_config import RunConfig, check_layout, load_run_config, parse_overrides
+from halo_core.trainers.run_plan import RunPlan
 
 console = Console()
 
@@ -48,8 +49,8 @@ def launch(
     run = load_run_config(method, chosen.config_class, config, parse_overrides(list(ctx.args)))
     remote_code.admit(run)  # before anything reads the model's config: transformers would ask on stdin
     world = nproc * nnodes
-    check_run(run, world)
-    layout = check_layout(run, world)
+    plan = check_run(run, world)  # the run's one RunPlan: method config, model config, layout, each resolved once
+    plan.layout = layout = check_layout(run, world, run_plan=plan)
     from halo_core.trainers.parts import moe_bias, nonfinite  # imports torch: here, not for every halo command
 
     nonfinite.check_key(run)
@@ -57,9 +58,9 @@ def launch(
     asked_latest = run.trainer.get(restart.RESUME) is True
     check_resume(run)
     check_model(run)
-    keep_global_batch(run, world)
+    keep_global_batch(run, world, plan)
     restart.check_output_dir(run)
-    output_room.check_output_dir(run, world)
+    output_room.check_output_dir(run, world, plan)
     resuming = restart.resuming_line(run, asked_latest)
     if resuming:
         console.print(resuming, markup=False, highlight=False, soft_wrap=True)
@@ -69,10 +70,10 @@ def launch(
     launcher_args = [method, str(config), "--nproc", str(nproc)]
     if nnodes > 1:
         launcher_args += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--rdzv-endpoint", str(rdzv_endpoint)]
-    raise typer.Exit(_train(run, chosen, world, launcher_args, list(ctx.args), nproc, nnodes, node_rank, rdzv_endpoint))
+    raise typer.Exit(_train(plan, chosen, launcher_args, list(ctx.args), nproc, nnodes, node_rank, rdzv_endpoint))
 
 
-def _train(run: RunConfig, chosen, world: int, launcher_args: list[str], overrides: list[str], *where) -> int:
+def _train(plan: RunPlan, chosen, launcher_args: list[str], overrides: list[str], *where) -> int:
     """Train (in this process, or in workers), ending an interrupt (Ctrl-C: SIGINT to the process group; or SIGTERM)
     with one line naming the last complete checkpoint and the command that resumes it, exit 128 + the signal's number,
     instead of the launcher's traceback."""
@@ -83,15 +84,16 @@ def _train(run: RunConfig, chosen, world: int, launcher_args: list[str], overrid
     def terminated(signum, frame):  # as torchrun's agent turns SIGTERM into an exception where workers run
         raise SignalException(f"got {signal.Signals(signum).name}", sigval=signal.Signals(signum))
 
+    run = plan.run
     try:
-        if world == 1:
+        if plan.world == 1:
             from halo_core.trainers.worker import _quiet_trl_aliases
 
             signal.signal(signal.SIGTERM, terminated)
             _quiet_trl_aliases()  # as a worker does: TRL's calls of transformers' deprecated aliases, one process too
             chosen.run(run)
             return 0
-        return _torchrun(run, *where)
+        return _torchrun(plan, *where)
     except stopping.RunStopped as stopped:  # one process: the line the workers would have left the launcher
         _close_progress_bars()
         stopping.say(str(stopped))
@@ -128,7 +130,7 @@ def _print_plan(run: RunConfig, layout: dict, world: int) -> None:
     console.print(table)
 
 
-def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> int:
+def _torchrun(plan: RunPlan, nproc: int, nnodes: int, node_rank: int, rdzv_endpoint: str | None) -> int:
     """Start the workers with ``torch.distributed.run``'s own launcher (its arguments, rendezvous and agent), this
     process as the agent. On a machine without CUDA the workers are forked from it, so they start with everything the
     checks above imported (an import of torch, transformers and TRL is 5 s of CPU a process); where CUDA is in play
@@ -153,7 +155,7 @@ def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endp
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its banner
         config, _, _ = config_from_args(get_args_parser().parse_args([*args, f"--start-method={method}", "halo-worker"]))
         if method == "forkserver":
-            multiprocessing.set_forkserver_preload([worker.__name__, get_method(run.method).run.__module__])
+            multiprocessing.set_forkserver_preload([worker.__name__, get_method(plan.run.method).run.__module__])
         report = Path(folder) / "stopped"
         os.environ[stopping.REPORT] = str(report)  # where a worker stopping on purpose leaves its one line (parts.stopping)
         sys.stdout.flush()
@@ -163,7 +165,7 @@ def _torchrun(run: RunConfig, nproc: int, nnodes: int, node_rank: int, rdzv_endp
         worker_failure.quiet_agent_log()  # a worker's one-line error is not repeated under its traceback
         try:
             with _quiet_shutdown():
-                elastic_launch(config, worker.main)(run.to_json())
+                elastic_launch(config, worker.main)(plan.to_json())  # the checked plan, as plain JSON
         except ChildFailedError as failure:
             message = stopping.reported(failure, report)
             if message is not None:

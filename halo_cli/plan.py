@@ -113,18 +113,20 @@ def _tokens(args, cp: int) -> int:
     return max(1, rows * (length or 1024) // cp)
 
 
-def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=None) -> dict:
-    """Every figure of the plan for ``run`` on ``world`` processes (the ``--json`` object)."""
+def figures(run, world: int, config, *, gpu_bytes: int, ranks=None, rank_cache=None, run_plan=None) -> dict:
+    """Every figure of the plan for ``run`` on ``world`` processes (the ``--json`` object). ``run_plan``: the run's
+    ``RunPlan`` where the caller has checked it (its method config is reused); else one is made for ``run``."""
     import torch
 
     from halo_core import memory_plan
     from halo_core.registry import discover
-    from halo_core.trainers.run_checks import method_config
     from halo_core.trainers.run_config import check_layout
+    from halo_core.trainers.run_plan import RunPlan
 
-    layout = check_layout(run, world, model_config=config)
+    run_plan = run_plan if run_plan is not None else RunPlan(run, world, model_config=config)
+    layout = check_layout(run, world, model_config=config, run_plan=run_plan)
     dims = layout["dims"]
-    args = method_config(run, world)
+    args = run_plan.args
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     parallel = run.halo.parallel_config()
     registry = discover()
@@ -246,14 +248,18 @@ def plan(
     from halo_core.trainers.method import get_method
     from halo_core.trainers.run_checks import check_run
     from halo_core.trainers.run_config import load_run_config, parse_overrides
+    from halo_core.trainers.run_plan import RunPlan
 
     chosen = get_method(_method(config, method))
     run = load_run_config(chosen.name, chosen.config_class, config, parse_overrides(list(ctx.args)))
     world = nproc * nnodes
     found, source = model_config(run)
-    check_run(run, world, model_source=Path(run.halo.model_name_or_path).is_dir())
+    local = Path(run.halo.model_name_or_path).is_dir()
+    # a local folder's config, read once; a hub id's copy (cache, beside the YAML) is the layout's only, as the checks
+    # leave a hub id's model to the worker
+    run_plan = check_run(run, world, model_source=local, plan=RunPlan(run, world, model_config=found) if local else None)
     gpu_bytes, gpu_source = _gpu_bytes(gpu_memory)
-    result = figures(run, world, found, gpu_bytes=gpu_bytes)
+    result = figures(run, world, found, gpu_bytes=gpu_bytes, run_plan=run_plan)
     result["config_source"] = source
     if suggest:
         result["suggestions"] = suggestions(run, world, found, gpu_bytes)

@@ -49,12 +49,12 @@ def test_the_run_folder_goes_however_the_workers_end(tmp_path, monkeypatch, endi
         return workers
 
     monkeypatch.setattr(api, "elastic_launch", elastic_launch)
-    run = SimpleNamespace(to_json=lambda: {"method": "sft"}, method="sft")
+    plan = SimpleNamespace(to_json=lambda: {"method": "sft"}, run=SimpleNamespace(method="sft"))
     if ending == "interrupted":
         with pytest.raises(KeyboardInterrupt):
-            launch._torchrun(run, 2, 1, 0, None)
+            launch._torchrun(plan, 2, 1, 0, None)
     else:
-        assert launch._torchrun(run, 2, 1, 0, None) == 1
+        assert launch._torchrun(plan, 2, 1, 0, None) == 1
         assert "halo-worker FAILED" in capsys.readouterr().err
     assert seen == [("fork", {"method": "sft"})]  # no CUDA here: forked from the launcher, which has imported the worker
     assert list(tmp_path.iterdir()) == []
@@ -69,6 +69,7 @@ def test_where_cuda_is_in_play_the_workers_come_from_a_fork_server_and_train(tmp
 
     from halo_core.trainers.method import get_method
     from halo_core.trainers.run_config import load_run_config, parse_overrides
+    from halo_core.trainers.run_plan import RunPlan
 
     out = tmp_path / "run"
     overrides = parse_overrides([f"--output_dir={out}", "--max_steps=2", "--logging_steps=1", "--save_strategy=steps", "--save_steps=2"])
@@ -77,7 +78,7 @@ def test_where_cuda_is_in_play_the_workers_come_from_a_fork_server_and_train(tmp
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr("multiprocessing.set_forkserver_preload", lambda modules: started.append(modules))
     monkeypatch.chdir(tmp_path)
-    assert launch._torchrun(run, 2, 1, 0, None) == 0
+    assert launch._torchrun(RunPlan(run, 2), 2, 1, 0, None) == 0
     assert started == [["halo_core.trainers.worker", "halo_core.methods.sft"]]
     state = json.loads((out / "checkpoint-2" / "trainer_state.json").read_text())
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == [1, 2]

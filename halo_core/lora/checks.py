@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
-
-import torch
 
 from halo_core.errors import ConfigError
 from halo_core.lora import settings
+from halo_core.parallel.plan import GROUPED_MM_ALIGNMENT
+from halo_core.trainers.method import get_method
+from halo_core.trainers.run_config import method_config, model_config_of
 
 
-def check_lora(run, world: int = 1) -> None:
+def check_lora(run, world: int = 1, plan=None) -> None:
+    """``plan``: the launch's ``RunPlan``, whose model config and precision are read once for all the checks."""
+    import torch  # here, not at import: the CLI imports the checks, and only a LoRA run needs torch
+
     fields = run.peft
     if not fields.get("use_peft"):
         if run.halo.merge_adapter:
@@ -35,31 +40,31 @@ def check_lora(run, world: int = 1) -> None:
         config = settings.lora_config(fields)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{where}: the LoRA keys do not make a peft.LoraConfig: {' '.join(str(exc).split())}") from None
-    model = _meta_model(run)
+    model = _meta_model(run, plan)
     if model is not None:
-        _check_targets(run, model, config, world)
+        _check_targets(run, model, config, world, plan)
 
 
-def _meta_model(run):
+def _meta_model(run, plan=None):
     """The run's model with no memory behind it (parameters on the meta device), to match targets against."""
-    from transformers import AutoConfig
+    import torch
 
     from halo_core.parallel.loading import build_from_config, model_class_for, sequence_head
-    from halo_core.trainers.method import get_method
 
     folder = Path(run.halo.model_name_or_path)
     if not (folder / "config.json").exists():
         return None  # a hub id: the worker checks when it loads
-    hf_config = AutoConfig.from_pretrained(folder)
+    hf_config = plan.model_config if plan is not None else model_config_of(run)
     head = get_method(run.method).sequence_classification
     if head:
+        hf_config = copy.deepcopy(hf_config)  # the plan's copy stays the model's own for the checks after this one
         sequence_head(hf_config, 2, hf_config.pad_token_id)  # the head's width does not change what targets match
     extra = {"experts_implementation": run.halo.experts_implementation} if run.halo.experts_implementation else {}
     with torch.device("meta"):
         return build_from_config(model_class_for(hf_config, sequence_classification=head), hf_config, **extra)
 
 
-def _check_targets(run, model, config, world: int = 1) -> None:
+def _check_targets(run, model, config, world: int = 1, plan=None) -> None:
     from halo_core.lora.inject import LoraError, experts_outside_interface, for_model, inject_dense, inject_parameter, plan_targets, refuse_split_experts
 
     config = for_model(config, model)
@@ -81,10 +86,8 @@ def _check_targets(run, model, config, world: int = 1) -> None:
         raise ConfigError(f"{run.source}: experts_implementation={implementation!r}: LoRA on fused experts runs in the grouped GEMM; "
                           f"set experts_implementation: grouped_mm (or leave it empty)")
     from halo_core.lora.inject import _rank_and_alpha
-    from halo_core.parallel.plan import GROUPED_MM_ALIGNMENT
-    from halo_core.trainers.run_checks import method_config
 
-    itemsize = 2 if method_config(run, world).bf16 else 4
+    itemsize = 2 if (plan.bf16 if plan is not None else method_config(run, world).bf16) else 4
     for key in targets.parameters:
         rank, _ = _rank_and_alpha(config, key)
         if key.rsplit(".", 1)[0] in targets.experts and rank * itemsize % GROUPED_MM_ALIGNMENT:

@@ -227,7 +227,7 @@ def _check_teacher(run: RunConfig, args, world: int) -> None:
     from halo_core.errors import HaloError
     from halo_core.parallel.plan import plan_layout
     from halo_core.registry import discover
-    from halo_core.trainers.run_config import _model_config
+    from halo_core.trainers.run_config import model_config_of
 
     where, path = run.source, args.teacher_model_name_or_path
     if not Path(path).exists():
@@ -236,7 +236,7 @@ def _check_teacher(run: RunConfig, args, world: int) -> None:
         teacher = AutoConfig.from_pretrained(path)
     except Exception as exc:
         raise ConfigError(f"{where}: teacher_model_name_or_path {path} has no readable config.json ({exc})") from None
-    student = _model_config(run)  # None for a hub id: its vocabulary is compared when the worker loads both
+    student = model_config_of(run)  # None for a hub id: its vocabulary is compared when the worker loads both
     sizes = (student.get_text_config().vocab_size if student else None, teacher.get_text_config().vocab_size)
     if student and sizes[0] != sizes[1]:
         raise ConfigError(f"{where}: teacher_model_name_or_path {path} has vocab_size {sizes[1]} but the student has {sizes[0]}; "

@@ -156,7 +156,7 @@ def run(run: RunConfig) -> None:
 def check(run: RunConfig, args, world: int = 1) -> None:
     """The loss, its columns in every local source, the pooling and the Matryoshka dimensions, before start."""
     from halo_core.trainers.parts.data import first_rows
-    from halo_core.trainers.run_config import _model_config
+    from halo_core.trainers.run_config import model_config_of
 
     where = run.source
     if args.loss not in LOSSES:
@@ -180,7 +180,7 @@ def check(run: RunConfig, args, world: int = 1) -> None:
                     f"{', '.join(repr(c) for c in row)}); loss {args.loss} reads columns ({', '.join(wanted)}): rename them with the "
                     f"source's rename_columns: mapping, or pick a loss for these columns")
     if args.matryoshka_dims:
-        config = _model_config(run)
+        config = model_config_of(run)
         hidden = config.get_text_config().hidden_size if config is not None else None
         for dim in args.matryoshka_dims:
             if not isinstance(dim, int) or dim < 1 or (hidden is not None and dim > hidden):

@@ -305,9 +305,9 @@ def _family_replays(run: RunConfig) -> bool:
     """Whether the run's family can replay its routing; refuses ``routing_replay: true`` written for one that cannot
     (left at the default, replay is off for it, as in stock TRL)."""
     from halo_core.registry import discover
-    from halo_core.trainers.run_config import _model_config
+    from halo_core.trainers.run_config import model_config_of
 
-    config = _model_config(run)
+    config = model_config_of(run)
     record = discover().family_record(config.model_type) if config is not None else None
     if record is None or not record.ok or record.family.routing_replay:
         return True

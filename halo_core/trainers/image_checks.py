@@ -13,14 +13,15 @@ from pathlib import Path
 from halo_core.errors import ConfigError
 from halo_core.trainers.parts.data import first_rows, image_paths, local_columns
 from halo_core.trainers.parts.processor import IMAGE_COLUMNS, PROCESSOR_FILES, is_vision_language
-from halo_core.trainers.run_config import RunConfig, _model_config
+from halo_core.trainers.run_config import RunConfig, model_config_of
 
 #: The columns TRL's vision collator reads a row's text from (besides the images).
 TEXT_FORMATS = (("messages",), ("prompt", "completion"), ("text",))
 
 
-def check_images(run: RunConfig, method, args, world: int = 1) -> None:
-    """Every local source with image columns, against the method, the model, the layout and TRL's vision rules."""
+def check_images(run: RunConfig, method, args, world: int = 1, plan=None) -> None:
+    """Every local source with image columns, against the method, the model, the layout and TRL's vision rules.
+    ``plan``: the launch's ``RunPlan``, whose model config is read once for all the checks."""
     for source in run.halo.dataset:
         columns = local_columns(source)
         found = [c for c in IMAGE_COLUMNS if columns and c in columns]
@@ -30,7 +31,7 @@ def check_images(run: RunConfig, method, args, world: int = 1) -> None:
         if not method.images:
             raise ConfigError(f"{where}, and method {run.method!r} trains on text only in Halo; train image rows with "
                               f"`halo launch sft`, or remove the column")
-        _check_model(run, where)
+        _check_model(run, where, plan.model_config if plan is not None else model_config_of(run))
         _check_settings(run, args, where)
         if not any(all(c in columns for c in needed) for needed in TEXT_FORMATS):
             raise ConfigError(f"{where} but no text for them: TRL's vision collator reads 'messages', 'prompt' and 'completion', "
@@ -38,8 +39,7 @@ def check_images(run: RunConfig, method, args, world: int = 1) -> None:
         _check_rows(run, source, found, world)
 
 
-def _check_model(run: RunConfig, where: str) -> None:
-    config = _model_config(run)
+def _check_model(run: RunConfig, where: str, config) -> None:
     if config is None:
         return  # a hub id: TRL checks it when the worker loads it
     model = run.halo.model_name_or_path

@@ -7,12 +7,17 @@ Each of these would otherwise fail in every rank at once, one traceback per rank
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from halo_core.errors import ConfigError
-from halo_core.trainers.run_config import RunConfig
+from halo_core.lora.checks import check_lora
+from halo_core.trainers.image_checks import check_images
+from halo_core.trainers.method import get_method
+from halo_core.trainers.parts.data import check_columns
+from halo_core.trainers.parts.eval_checks import check_eval
+from halo_core.trainers.run_config import RunConfig, _one_line, method_config, model_config_of  # noqa: F401 - method_config: its old home
+from halo_core.trainers.run_plan import RunPlan
 
 _SEED_RANGE = "between 0 and 2**32 - 1 (numpy's seed range; transformers seeds numpy with it)"
 
@@ -61,31 +66,26 @@ RANGES = tuple(Range(*rule) for rule in (
 ))
 
 
-def check_run(run: RunConfig, world: int = 1, model_source: bool = True) -> None:
+def check_run(run: RunConfig, world: int = 1, model_source: bool = True, plan: RunPlan | None = None) -> RunPlan:
     """Refuse what every rank would fail on (``world``: the launch's process count); ``check_layout`` then checks the
     parallel layout. ``model_source=False``: leave the model's source alone (``halo plan`` reads a config beside the
-    YAML for a hub id that is not cached)."""
-    from halo_core.trainers.method import get_method
-
+    YAML for a hub id that is not cached). Returns the launch's ``RunPlan`` (``plan`` where given): the method config
+    the checks here share, built once, and the model config as far as they read it."""
     if model_source:
         check_model_source(run)
-    args = method_config(run, world)
+    plan = plan if plan is not None else RunPlan(run, world)
+    args = plan.args
     check_ranges(run, args)
     method = get_method(run.method)
     check_columns(run, method.columns)
-    from halo_core.trainers.parts.eval_checks import check_eval
-
     check_eval(run, args, method.columns)
     check_step_keys(run, args)
-    check_attn_implementation(run, args)
+    check_attn_implementation(run, args, plan)
     if method.check is not None:
         method.check(run, args, world)
-    from halo_core.trainers.image_checks import check_images
-
-    check_images(run, method, args, world)  # after the method's own (grpo names the row with images)
-    from halo_core.lora.checks import check_lora
-
-    check_lora(run, world)
+    check_images(run, method, args, world, plan)  # after the method's own (grpo names the row with images)
+    check_lora(run, world, plan)
+    return plan
 
 
 def check_step_keys(run: RunConfig, args) -> None:
@@ -119,9 +119,9 @@ def check_step_keys(run: RunConfig, args) -> None:
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_4")
 
 
-def check_attn_implementation(run: RunConfig, args) -> None:
+def check_attn_implementation(run: RunConfig, args, plan: RunPlan | None = None) -> None:
     """``attn_implementation``: a name Halo trains with, on a layout and dtype it runs on; FlashAttention-4 installed
-    and a Hopper GPU visible (``halo_core/kernels/flash_attention.py``)."""
+    and a Hopper GPU visible (``halo_core/kernels/flash_attention.py``). ``plan``: where the model's config is read."""
     from halo_core.kernels import flash_attention
 
     halo, where = run.halo, run.source
@@ -135,7 +135,7 @@ def check_attn_implementation(run: RunConfig, args) -> None:
         raise ConfigError(f"{where}: attn_implementation: {name} with context_parallel_size or tensor_parallel_size above 1 is not "
                           f"supported yet (Halo's context/tensor-parallel attention wraps the model's default); remove attn_implementation, "
                           f"or set both sizes to 1")
-    model_class = _model_class(run)
+    model_class = _model_class(plan.model_config if plan is not None else model_config_of(run))
     supports = {"sdpa": "_supports_sdpa", "flash_attention_4": "_supports_flash_attn"}.get(name)
     if model_class is not None and supports and not getattr(model_class, supports, False):
         raise ConfigError(f"{where}: attn_implementation: {name} is not supported by {model_class.__name__} (transformers' {supports} is off); "
@@ -150,13 +150,11 @@ def check_attn_implementation(run: RunConfig, args) -> None:
         raise ConfigError(f"{where}: attn_implementation: {name} cannot run here: {reason}; or use sdpa")
 
 
-def _model_class(run: RunConfig):
-    """The family's causal-LM class for a local model folder, whose ``_supports_*`` flags its other heads share
+def _model_class(config):
+    """The family's causal-LM class for a local model's ``config``, whose ``_supports_*`` flags its other heads share
     (``None`` for a hub id, or a type without one: transformers checks when the worker builds it)."""
     from halo_core.parallel.loading import model_class_for
-    from halo_core.trainers.run_config import _model_config
 
-    config = _model_config(run)
     try:
         cls = None if config is None else model_class_for(config)
         mapping = getattr(cls, "_model_mapping", None)  # an auto class: the concrete class it builds for this config
@@ -260,74 +258,8 @@ def check_model_source(run: RunConfig) -> None:
     )
 
 
-def method_config(run: RunConfig, world: int = 1):
-    """The method's config dataclass built from the run's fields, as the worker builds it; its ``ValueError``
-    becomes one line naming the field that set it off.
-
-    Built with ``use_cpu=True`` whatever the machine: checking needs no device, and a GPU build would leave
-    a CUDA context on GPU 0 in torchrun's parent for the whole run. The worker, or a one-process run right
-    after, builds its own; transformers resets accelerate's process state on each build.
-    """
-    from halo_core.trainers.method import get_method
-
-    config_class = get_method(run.method).config_class
-    try:
-        return _build(config_class, run.trainer, world)
-    except ValueError as exc:
-        message = _one_line(exc)
-    culprit = _culprit(config_class, run.trainer, world)
-    if culprit is None:
-        raise ConfigError(f"{run.source}: {config_class.__name__} refuses this run's fields: {message}")
-    raise ConfigError(f"{run.source}: {culprit}={run.trainer[culprit]!r} is refused by {config_class.__name__}: {message}; change {culprit}")
-
-
 def check_ranges(run: RunConfig, args) -> None:
     for rule in RANGES:
         if hasattr(args, rule.field) and rule.applies(args) and not rule.accepted(getattr(args, rule.field)):
             value = getattr(args, rule.field)
             raise ConfigError(f"{run.source}: {rule.field}={value!r} must be {rule.must_be}; set it in the YAML or with -- --{rule.field}=VALUE")
-
-
-def check_columns(run: RunConfig, needed: tuple[str, ...]) -> None:
-    """Each local dataset source has the columns the method reads (hub datasets are checked when loaded)."""
-    from halo_core.trainers.parts.data import local_columns
-
-    for source in run.halo.dataset:
-        columns = local_columns(source)
-        if columns is None:
-            continue
-        missing = [need for need in needed if not any(name in columns for name in need.split("|"))]
-        if missing:
-            wanted = ", ".join(" or ".join(repr(name) for name in need.split("|")) for need in missing)
-            raise ConfigError(
-                f"{run.source}: dataset {source.path!r} lacks {wanted}, which method {run.method!r} needs (it has {sorted(columns)}); "
-                f"rename one with the source's rename_columns: {{old: new}}, or pick the method that fits the data"
-            )
-
-
-def _build(config_class: type, fields: dict, world: int = 1):
-    """Built as each of ``world`` workers builds it: a config that checks against the world size (GRPO's generation
-    batch) sees the launch's, not this one process's."""
-    if world > 1:
-        config_class = type(config_class.__name__, (config_class,), {"world_size": property(lambda self: world)})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the worker shows the config's own warnings once it builds it
-        from halo_core.trainers.runtime import checkpointing_named
-
-        return config_class(**checkpointing_named(config_class, {**fields, "use_cpu": True}))
-
-
-def _culprit(config_class: type, fields: dict, world: int = 1) -> str | None:
-    """The first field, in the YAML's order, whose addition makes the dataclass refuse."""
-    tried: dict = {}
-    for key, value in fields.items():
-        tried[key] = value
-        try:
-            _build(config_class, tried, world)
-        except ValueError:
-            return key
-    return None
-
-
-def _one_line(exc: Exception) -> str:
-    return " ".join(str(exc).split())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,9 +169,10 @@ def load_run_config(method: str, config_class: type, yaml_path: str | Path, over
     return RunConfig(method, HaloArguments(**halo_fields), trainer, where, peft)
 
 
-def check_layout(run: RunConfig, world_size: int, registry=None, model_config=None) -> dict:
+def check_layout(run: RunConfig, world_size: int, registry=None, model_config=None, run_plan=None) -> dict:
     """Refuse a layout that cannot work on ``world_size`` processes; return the resolved degrees and family.
     ``model_config``: the model's config where the caller has it (``halo plan``); else read from a local folder.
+    ``run_plan``: the launch's ``RunPlan``, whose model config and precision it uses (each read once per launch).
 
     The layout's own rules are ``plan_layout``'s; only the run-level ones (what the method can feed,
     compile and memory budgets, kernels) live here.
@@ -183,8 +185,8 @@ def check_layout(run: RunConfig, world_size: int, registry=None, model_config=No
     if run.halo.experts_implementation is not None:
         _check_experts_implementation(run)
     _check_activation_memory_budget(run)
-    model_config = model_config if model_config is not None else _model_config(run)
-    itemsize = 2 if _trains_in_bf16(run, world_size) else 4
+    model_config = model_config if model_config is not None else run_plan.model_config if run_plan is not None else model_config_of(run)
+    itemsize = 2 if (run_plan.bf16 if run_plan is not None else _trains_in_bf16(run, world_size)) else 4
     try:
         plan = plan_layout(run.halo.parallel_config(), model_config, registry or discover(), world_size, itemsize=itemsize,
                            experts_implementation=run.halo.experts_implementation, trainable_splits=get_method(run.method).splits, names=RUN_KEYS)
@@ -220,8 +222,6 @@ def _in_run_words(exc: HaloError) -> str:
 def _trains_in_bf16(run: RunConfig, world: int = 1) -> bool:
     """Whether the worker builds bf16 weights (``runtime.build_model``): the method config's ``bf16`` as it resolves it
     (TRL's default is bf16 unless ``fp16``)."""
-    from halo_core.trainers.run_checks import method_config
-
     return bool(method_config(run, world).bf16)
 
 
@@ -249,7 +249,9 @@ def _check_activation_memory_budget(run: RunConfig) -> None:
         raise ConfigError(f"{run.source}: activation_memory_budget must be in (0, 1], got {budget}; e.g. 0.5 recomputes about half of the layers' activations")
 
 
-def _model_config(run: RunConfig):
+def model_config_of(run: RunConfig):
+    """The model's transformers config from its local folder (``None`` for a hub id, read when the worker loads it);
+    a ``ConfigError`` where the folder has none. The launcher reads it once, into its ``RunPlan``."""
     from transformers import AutoConfig
 
     folder = Path(run.halo.model_name_or_path)
@@ -261,3 +263,53 @@ def _model_config(run: RunConfig):
         return AutoConfig.from_pretrained(folder)
     except Exception as exc:
         raise ConfigError(f"{run.source}: model_name_or_path {folder} has no readable config.json ({exc})") from None
+
+
+def method_config(run: RunConfig, world: int = 1):
+    """The method's config dataclass built from the run's fields, as the worker builds it; its ``ValueError``
+    becomes one line naming the field that set it off.
+
+    Built with ``use_cpu=True`` whatever the machine: checking needs no device, and a GPU build would leave
+    a CUDA context on GPU 0 in torchrun's parent for the whole run. The worker, or a one-process run right
+    after, builds its own; transformers resets accelerate's process state on each build.
+    """
+    from halo_core.trainers.method import get_method
+
+    config_class = get_method(run.method).config_class
+    try:
+        return _build(config_class, run.trainer, world)
+    except ValueError as exc:
+        message = _one_line(exc)
+    culprit = _culprit(config_class, run.trainer, world)
+    if culprit is None:
+        raise ConfigError(f"{run.source}: {config_class.__name__} refuses this run's fields: {message}")
+    raise ConfigError(f"{run.source}: {culprit}={run.trainer[culprit]!r} is refused by {config_class.__name__}: {message}; change {culprit}")
+
+
+def _build(config_class: type, fields: dict, world: int = 1):
+    """Built as each of ``world`` workers builds it: a config that checks against the world size (GRPO's generation
+    batch) sees the launch's, not this one process's. transformers reads ``world_size`` from the process group, which
+    the launcher has none of (starting one to build a config would be the workers' job), hence the subclass."""
+    if world > 1:
+        config_class = type(config_class.__name__, (config_class,), {"world_size": property(lambda self: world)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the worker shows the config's own warnings once it builds it
+        from halo_core.trainers.runtime import checkpointing_named  # imports torch: only once a config is built
+
+        return config_class(**checkpointing_named(config_class, {**fields, "use_cpu": True}))
+
+
+def _culprit(config_class: type, fields: dict, world: int = 1) -> str | None:
+    """The first field, in the YAML's order, whose addition makes the dataclass refuse."""
+    tried: dict = {}
+    for key, value in fields.items():
+        tried[key] = value
+        try:
+            _build(config_class, tried, world)
+        except ValueError:
+            return key
+    return None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

@@ -14,14 +14,17 @@ from halo_core import remote_code
 from halo_core.parallel.process_exit import finish, forget_parent_exit_handlers
 from halo_core.trainers.method import get_method
 from halo_core.trainers.parts import stopping
-from halo_core.trainers.run_config import RunConfig
+from halo_core.trainers.run_plan import RunPlan
 
 
 def main(spec: dict) -> None:
+    """``spec``: the launcher's ``RunPlan.to_json()``, the run it checked for this world (rebuilt here, not re-derived)."""
     forget_parent_exit_handlers()
     # A forked worker keeps the launcher's thread settings; the ranks share the machine's cores.
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    run = RunConfig.from_json(spec)
+    plan = RunPlan.from_json(spec)
+    plan.check_world()  # torchrun started the world the launcher checked the run for
+    run = plan.run
     remote_code.admit(run)  # a worker started afresh (forkserver) has not registered the model's own classes
     _interrupt_once()
     _quiet_trl_aliases()

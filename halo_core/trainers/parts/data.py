@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from halo_core.errors import ConfigError
 from halo_core.trainers.arguments import DatasetSource
 
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -124,3 +125,19 @@ def load_sources(sources: list[DatasetSource], seed: int = 42, stopping_strategy
     from halo_core.trainers.parts.mixture import mix
 
     return mix([load_source(s) for s in sources], sources, seed, stopping_strategy)
+
+
+def check_columns(run, needed: tuple[str, ...]) -> None:
+    """Each local dataset source has the columns the method reads (hub datasets are checked when loaded). Here, not in
+    ``run_checks``, so that the evaluation checks (``eval_checks``) can hold ``eval_dataset`` to it too."""
+    for source in run.halo.dataset:
+        columns = local_columns(source)
+        if columns is None:
+            continue
+        missing = [need for need in needed if not any(name in columns for name in need.split("|"))]
+        if missing:
+            wanted = ", ".join(" or ".join(repr(name) for name in need.split("|")) for need in missing)
+            raise ConfigError(
+                f"{run.source}: dataset {source.path!r} lacks {wanted}, which method {run.method!r} needs (it has {sorted(columns)}); "
+                f"rename one with the source's rename_columns: {{old: new}}, or pick the method that fits the data"
+            )

@@ -3,9 +3,11 @@ of naming the evaluation set at once, a held-out size out of range, a test split
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from halo_core.errors import ConfigError
+from halo_core.trainers.parts.data import check_columns
 from halo_core.trainers.parts.evaluation import has_eval_data
 
 _NAMED = ("eval_dataset", "test_split_size", "dataset_test_split")
@@ -15,10 +17,6 @@ def check_eval(run, args, needed: tuple[str, ...] = ()) -> None:
     """``needed``: the columns the method reads (``Method.columns``), which ``eval_dataset`` sources need too."""
     halo, where = run.halo, run.source
     if halo.eval_dataset and needed:
-        from dataclasses import replace
-
-        from halo_core.trainers.run_checks import check_columns
-
         check_columns(replace(run, halo=replace(halo, dataset=halo.eval_dataset)), needed)
     named = [k for k, on in zip(_NAMED, (bool(halo.eval_dataset), halo.test_split_size is not None, bool(halo.dataset_test_split))) if on]
     if len(named) > 1:

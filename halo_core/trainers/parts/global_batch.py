@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from halo_core.errors import ConfigError
+from halo_core.trainers.run_plan import RunPlan
 
 RECORD = "halo-run.json"
 ACCUMULATION = "gradient_accumulation_steps"
@@ -35,11 +36,13 @@ def record(trainer, folder: str) -> None:
         json.dump(data, file, indent=2)
 
 
-def keep(run, world: int) -> None:
+def keep(run, world: int, plan: RunPlan | None = None) -> None:
     """Before start: a resumed run keeps the global batch its checkpoint trained at (``run.trainer`` corrected, and one
-    line saying so), or is refused with the arithmetic. Nothing changes where the batch keys already keep it."""
-    from halo_core.trainers.run_checks import method_config
+    line saying so), or is refused with the arithmetic. Nothing changes where the batch keys already keep it.
 
+    ``plan``: the launch's ``RunPlan``, whose method config is read; where this changes ``gradient_accumulation_steps``
+    the plan's method config is built again, the one rebuild of a launch: the config checks the new value itself
+    (GRPO's generation batch) and the checks after this one must see the config the workers will build."""
     folder = run.trainer.get("resume_from_checkpoint")  # resolved to a checkpoint folder by check_resume
     if not folder:
         return
@@ -55,13 +58,14 @@ def keep(run, world: int) -> None:
         saved = int(stored["global_batch"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(f"{run.source}: resume_from_checkpoint: {path} is not readable ({exc}); delete it to resume without the global batch check") from None
-    args = method_config(run, world)
+    plan = plan if plan is not None else RunPlan(run, world)
+    args = plan.args
     batch, steps = args.per_device_train_batch_size, args.gradient_accumulation_steps
     if batch * steps * world == saved:
         return
     if saved % (batch * world) == 0:
         run.trainer[ACCUMULATION] = saved // (batch * world)
-        method_config(run, world)  # the method's config takes the new value (GRPO's generation batch), or refuses it by name
+        plan.rebuild_args()  # the method's config takes the new value (GRPO's generation batch), or refuses it by name
         print(f"resuming {name} at global batch {saved} (saved so): {ACCUMULATION} {steps} -> {run.trainer[ACCUMULATION]} "
               f"for {world} process(es) x {BATCH} {batch}", flush=True)
         return

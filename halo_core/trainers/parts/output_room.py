@@ -22,6 +22,8 @@ import shutil
 from pathlib import Path
 
 from halo_core.errors import ConfigError
+from halo_core.trainers.run_config import model_config_of
+from halo_core.trainers.run_plan import RunPlan
 
 FIELD = "output_dir"
 #: Element-wise optimizer states per trainable element, as the bytes of each: ``"param"`` (the parameter's dtype, as
@@ -45,8 +47,9 @@ SMALL_FILES = 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5")
 
 
-def check_output_dir(run, world: int = 1) -> None:
-    """Refuse an ``output_dir`` that cannot be written, or whose filesystem lacks room for one checkpoint."""
+def check_output_dir(run, world: int = 1, plan: RunPlan | None = None) -> None:
+    """Refuse an ``output_dir`` that cannot be written, or whose filesystem lacks room for one checkpoint.
+    ``plan``: the launch's ``RunPlan`` (its method and model configs, built once); else built here."""
     output_dir = run.trainer.get(FIELD) or "trainer_output"  # TrainingArguments' default
     where = f"{run.source}: {FIELD} {output_dir!r}"
     folder = _nearest_existing(Path(output_dir))
@@ -55,7 +58,7 @@ def check_output_dir(run, world: int = 1) -> None:
     reason = _unwritable(folder)
     if reason:
         raise ConfigError(f"{where} is not writable ({folder}: {reason}); set {FIELD} to a folder you can write, on a writable filesystem")
-    needed = checkpoint_bytes(run, world)
+    needed = checkpoint_bytes(run, world, plan)
     if needed is None:
         return
     free = shutil.disk_usage(folder).free
@@ -66,17 +69,16 @@ def check_output_dir(run, world: int = 1) -> None:
         )
 
 
-def checkpoint_bytes(run, world: int = 1) -> tuple[int, str] | None:
+def checkpoint_bytes(run, world: int = 1, plan: RunPlan | None = None) -> tuple[int, str] | None:
     """About how many bytes one save of this run writes, and what they are; ``None`` where the model cannot be counted."""
-    from halo_core.trainers.run_checks import method_config
-
     folder = Path(run.halo.model_name_or_path)
     if not folder.is_dir():
         return None
-    args = method_config(run, world)
+    plan = plan if plan is not None else RunPlan(run, world)
+    args = plan.args
     bf16 = bool(args.bf16)
     lora = bool(run.peft.get("use_peft"))
-    params, itemsize = parameter_count(run, args), 2 if bf16 else 4
+    params, itemsize = parameter_count(run, args, plan.model_config), 2 if bf16 else 4
     weights = params * itemsize if not lora or run.halo.random_init else 0
     parts = [f"{weights} of weights ({params} parameters x {itemsize} bytes)" if weights else "the adapters (not counted)"]
     optimizer = 0
@@ -89,18 +91,21 @@ def checkpoint_bytes(run, world: int = 1) -> tuple[int, str] | None:
     return weights + optimizer + others + SMALL_FILES, ", ".join(parts)
 
 
-def parameter_count(run, args) -> int:
-    """The parameters of the model the worker builds, counted on the meta device (tied weights once, as saved)."""
+def parameter_count(run, args, config=None) -> int:
+    """The parameters of the model the worker builds, counted on the meta device (tied weights once, as saved).
+    ``config``: the model's config where the caller read it (the plan's); else read here."""
+    import copy
+
     import torch
     from accelerate import init_empty_weights
-    from transformers import AutoConfig
 
     from halo_core.parallel.loading import build_from_config, model_class_for, sequence_head
     from halo_core.trainers.method import get_method
 
-    config = AutoConfig.from_pretrained(run.halo.model_name_or_path)
+    config = config if config is not None else model_config_of(run)
     head = get_method(run.method).sequence_classification
     if head:
+        config = copy.deepcopy(config)  # the caller's config stays the model's own
         sequence_head(config, getattr(args, "num_labels", None) or 1, None)
     with init_empty_weights():
         model = build_from_config(model_class_for(config, sequence_classification=head), config, dtype=torch.float32)
