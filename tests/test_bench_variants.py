@@ -66,3 +66,18 @@ def test_overlap_and_cudnn_rows_are_halo_options_and_overlap_needs_replicated(ha
         harness.parse("halo-ep1+compile+overlap")
     with pytest.raises(SystemExit, match="are Halo options"):
         harness.parse("trl-bf16+cudnn")
+
+
+def test_a_halo_rows_wrapped_logs_are_read_whole():
+    """Halo's console wraps a log at 120 columns (``parts/console``): the bench reads each log back as one dict."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    from sft_halo_row import halo_result
+
+    from halo_core.trainers.parts.console import console_text
+
+    log = {"loss": "2.5", "grad_norm": "1.368e-05", "learning_rate": "7.333e-06", "tokens_per_second_per_device": "2475",
+           "peak_memory_gib_per_device": "30.1", "mfu": "0.3", "epoch": "0.5", "moe/imbalance": "1.2"}
+    text = "\n".join(console_text({**log, "tokens_per_second_per_device": str(1000 * (i + 1))}) for i in range(8))
+    assert "\n " in text  # wrapped
+    row = halo_result(text, 4096, 1, 1)
+    assert row["tokens_per_s"] == 7000 and row["losses"] == [2.5] * 8 and row["peak_gib"] == 30.1
