@@ -10,7 +10,9 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -179,3 +181,109 @@ def launch_tool_default(name: str, cwd: Path) -> tuple[Path, dict]:
     assert not noise_in(result.stdout + result.stderr)
     assert (out / "model.safetensors").exists()
     return out, json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+
+
+def moe_teacher(folder: Path) -> Path:
+    """The tiny MoE at seed 1 with the tiny tokenizer, saved: the distill runs' teacher (another seed, a live divergence)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TINY / name, folder)
+    return folder
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """How the equivalence matrix launches one method and what it compares (tests/test_equivalence_matrix.py): written
+    once here so the matrix and the method's own tests (stock trainer, precomputed reference) share one reference run."""
+
+    kind: str  #: the rows (``uneven_rows``)
+    yaml: Callable[[Path], str] = lambda folder: ""  #: more YAML for the run, given its folder (may write files there)
+    args: tuple[str, ...] = ()  #: fields after SGD's
+    common: tuple[str, ...] = tuple(COMMON)
+    auto_class: str = "AutoModelForCausalLM"
+    keys: tuple[str, ...] = ("loss",)  #: logged metrics held to one process within 1e-5 (and ``rel``)
+    rel: float = 0.0
+    tokens: bool = False  #: TRL's ``num_tokens`` logged and equal to one process's
+    planned: bool = False  #: ``halo plan``'s bytes per rank equal the run's real ones (``assert_planned``)
+    live: tuple[str, float] | None = None  #: (metric, bound): one process's metric exceeds bound somewhere, so it is under test
+    quiet: bool = False  #: the run prints none of ``NOISE``
+
+
+#: Every method whose splits the matrix holds to one process. SFT's layouts (compositions, ring attention, AdamW) are
+#: tests/test_launch_layouts.py's; GRPO and SDPG compare generated completions too (their own files).
+MATRIX = {
+    "dpo": MethodRun("preference", keys=("loss", "rewards/margins", "logps/chosen", "logps/rejected"), rel=1e-6, tokens=True),
+    "kto": MethodRun("unpaired", keys=("loss", "kl", "rewards/margins"), tokens=True, live=("kl", 0.0), quiet=True),
+    "smpo": MethodRun("preference", args=("--learning_rate=0.05",), keys=("loss", "rewards/margins", "margin"), rel=1e-6, tokens=True),
+    "reward": MethodRun("preference", common=tuple(HEAD_COMMON), auto_class="AutoModelForSequenceClassification",
+                        keys=("loss", "accuracy", "margin", "mean_reward"), rel=1e-6, tokens=True, planned=True),
+    "classify": MethodRun("labelled", yaml=lambda folder: "num_labels: 3\n", common=tuple(HEAD_COMMON),
+                          auto_class="AutoModelForSequenceClassification", planned=True),
+    "offline-grpo": MethodRun("groups", yaml=lambda folder: "loss_type: bnpo\n", common=tuple(HEAD_COMMON),
+                              keys=("loss", "logps/better", "logps/worse", "advantages/abs_mean"), rel=1e-6, live=("loss", 1e-3)),
+    "distill": MethodRun("completion", yaml=lambda folder: f"teacher_model_name_or_path: {moe_teacher(folder / 'teacher')}\nlmbda: 0.0\n"),
+}
+
+
+def split_of(layout: str) -> str:
+    """The split a ``TWO_RANKS`` layout runs alone (``ep2`` -> ``ep``)."""
+    return layout.rstrip("0123456789")
+
+
+def method_layouts(method: str) -> dict[str, tuple[int, list[str]]]:
+    """The two-rank layouts of every split ``method`` declares (``Method.splits``)."""
+    from halo_core.trainers.method import get_method
+
+    splits = get_method(method).splits
+    return {name: layout for name, layout in TWO_RANKS.items() if split_of(name) in splits}
+
+
+class MethodRuns:
+    """Per method, its run file and one-process SGD reference, each made on first use and kept for the session."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._factory, self._configs, self._singles = tmp_path_factory, {}, {}
+
+    def config(self, method: str) -> Path:
+        if method not in self._configs:
+            folder, spec = self._factory.mktemp(method), MATRIX[method]
+            self._configs[method] = write_run(folder, spec.kind, spec.yaml(folder))
+        return self._configs[method]
+
+    def launch(self, method: str, output_dir: Path, nproc: int, *args: str, env: dict | None = None) -> Path:
+        """``halo launch`` of the method's run file under SGD, its fields, then ``args``."""
+        spec = MATRIX[method]
+        return launch(method, self.config(method), output_dir, nproc, *OPTIMIZERS["sgd"], *spec.args, *args, common=list(spec.common), env=env)
+
+    def single(self, method: str) -> Path:
+        if method not in self._singles:
+            self._singles[method] = self.launch(method, self.config(method).parent / "single", 1)
+        return self._singles[method]
+
+
+def assert_matches_single(method: str, out: Path, single: Path, name: str) -> None:
+    """``out`` (a run of ``method`` at layout ``name``) logged one process's metrics and ended on its weights: the
+    method's keys within 1e-5, ``num_tokens`` exactly, every post-SGD weight within 1e-4 relative."""
+    import pytest
+
+    from halo_core.testing.compare import assert_close
+
+    spec = MATRIX[method]
+    assert len(logged(single, "loss")) == STEPS
+    if spec.live:
+        key, bound = spec.live
+        assert max(abs(x) for x in logged(single, key)) > bound, f"{key} is trivially {logged(single, key)}"
+    for key in spec.keys:
+        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=spec.rel), key
+    if spec.tokens:
+        assert logged(out, "num_tokens") == logged(single, "num_tokens")
+    if spec.quiet:
+        assert not noise_in(console(out).read_text())
+    expected = weights(single, spec.auto_class)
+    for key, tensor in weights(out, spec.auto_class).items():
+        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
