@@ -214,15 +214,31 @@ class MethodRun:
     quiet: bool = False  #: the run prints none of ``NOISE``
 
 
+#: Evaluation every step, two rows a rank: the sequence methods' runs carry it, so tests/test_evaluation.py reads their
+#: evaluation metrics off the matrix's runs instead of launching the same training again.
+EVAL_FIELDS = ("--eval_strategy=steps", "--eval_steps=1", "--per_device_eval_batch_size=2")
+
+
+def with_eval(kind: str, extra: str = "") -> Callable[[Path], str]:
+    """A ``MethodRun.yaml`` that also writes 8 evaluation rows of ``kind`` (seed 3: other rows than training's): with
+    two a rank on two ranks they fill every batch, so the stock mean over rows is one process's on every layout."""
+
+    def yaml(folder: Path) -> str:
+        (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in uneven_rows(kind, count=8, seed=3)))
+        return extra + "eval_dataset:\n  - path: eval.jsonl\n"
+
+    return yaml
+
+
 #: Every method whose splits the matrix holds to one process. SFT's layouts (compositions, ring attention, AdamW) are
 #: tests/test_launch_layouts.py's; GRPO and SDPG compare generated completions too (their own files).
 MATRIX = {
-    "dpo": MethodRun("preference", keys=("loss", "rewards/margins", "logps/chosen", "logps/rejected"), rel=1e-6, tokens=True),
+    "dpo": MethodRun("preference", yaml=with_eval("preference"), args=EVAL_FIELDS, keys=("loss", "rewards/margins", "logps/chosen", "logps/rejected"), rel=1e-6, tokens=True),
     "kto": MethodRun("unpaired", keys=("loss", "kl", "rewards/margins"), tokens=True, live=("kl", 0.0), quiet=True),
     "smpo": MethodRun("preference", args=("--learning_rate=0.05",), keys=("loss", "rewards/margins", "margin"), rel=1e-6, tokens=True),
     "reward": MethodRun("preference", common=tuple(HEAD_COMMON), auto_class="AutoModelForSequenceClassification",
                         keys=("loss", "accuracy", "margin", "mean_reward"), rel=1e-6, tokens=True, planned=True),
-    "classify": MethodRun("labelled", yaml=lambda folder: "num_labels: 3\n", common=tuple(HEAD_COMMON),
+    "classify": MethodRun("labelled", yaml=with_eval("labelled", "num_labels: 3\n"), args=EVAL_FIELDS, common=tuple(HEAD_COMMON),
                           auto_class="AutoModelForSequenceClassification", planned=True),
     "offline-grpo": MethodRun("groups", yaml=lambda folder: "loss_type: bnpo\n", common=tuple(HEAD_COMMON),
                               keys=("loss", "logps/better", "logps/worse", "advantages/abs_mean"), rel=1e-6, live=("loss", 1e-3)),
@@ -244,10 +260,11 @@ def method_layouts(method: str) -> dict[str, tuple[int, list[str]]]:
 
 
 class MethodRuns:
-    """Per method, its run file and one-process SGD reference, each made on first use and kept for the session."""
+    """Per method, its run file, one-process SGD reference and two-rank layout runs, each made on first use and kept for
+    the session: a test that needs the same run reads it instead of launching it again."""
 
     def __init__(self, tmp_path_factory) -> None:
-        self._factory, self._configs, self._singles = tmp_path_factory, {}, {}
+        self._factory, self._configs, self._singles, self._layouts = tmp_path_factory, {}, {}, {}
 
     def config(self, method: str) -> Path:
         if method not in self._configs:
@@ -264,6 +281,17 @@ class MethodRuns:
         if method not in self._singles:
             self._singles[method] = self.launch(method, self.config(method).parent / "single", 1)
         return self._singles[method]
+
+    def layout(self, method: str, name: str) -> Path:
+        """The run at ``TWO_RANKS[name]``; a method that ``MethodRun.planned`` also writes each rank's tensor bytes beside
+        it (``assert_planned``'s folder)."""
+        if (method, name) not in self._layouts:
+            from halo_core.trainers.parts.tensor_bytes import ENV
+
+            out = self._factory.mktemp(f"{method}-{name}") / "run"
+            env = {ENV: str(out.parent / "tensor-bytes")} if MATRIX[method].planned else None
+            self._layouts[method, name] = self.launch(method, out, TWO_RANKS[name][0], *TWO_RANKS[name][1], env=env)
+        return self._layouts[method, name]
 
 
 def assert_matches_single(method: str, out: Path, single: Path, name: str) -> None:
