@@ -212,6 +212,9 @@ class MethodRun:
     planned: bool = False  #: ``halo plan``'s bytes per rank equal the run's real ones (``assert_planned``)
     live: tuple[str, float] | None = None  #: (metric, bound): one process's metric exceeds bound somewhere, so it is under test
     quiet: bool = False  #: the run prints none of ``NOISE``
+    method: str | None = None  #: the method ``halo launch`` runs, where the row's name is not one (``sft-lora``)
+    more: tuple[str, ...] = ()  #: layouts (``LAYOUTS``) beyond each declared split alone on two ranks
+    adapter: bool = False  #: a LoRA run: the adapter the run writes is compared (the base stays frozen)
 
 
 #: Evaluation every step, two rows a rank: the sequence methods' runs carry it, so tests/test_evaluation.py reads their
@@ -230,6 +233,11 @@ def with_eval(kind: str, extra: str = "") -> Callable[[Path], str]:
     return yaml
 
 
+#: LoRA on the tiny MoE with TRL's keys (``all-linear``: attention, router and every fused expert, as PEFT reads it).
+LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
+#: Layouts beside ``TWO_RANKS`` a row may add (``MethodRun.more``).
+LAYOUTS = {**TWO_RANKS, "dp2": (2, []), "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"])}
+
 #: Every method whose splits the matrix holds to one process. SFT's layouts (compositions, ring attention, AdamW) are
 #: tests/test_launch_layouts.py's; GRPO and SDPG compare generated completions too (their own files).
 MATRIX = {
@@ -243,6 +251,9 @@ MATRIX = {
     "offline-grpo": MethodRun("groups", yaml=lambda folder: "loss_type: bnpo\n", common=tuple(HEAD_COMMON),
                               keys=("loss", "logps/better", "logps/worse", "advantages/abs_mean"), rel=1e-6, live=("loss", 1e-3)),
     "distill": MethodRun("completion", yaml=lambda folder: f"teacher_model_name_or_path: {moe_teacher(folder / 'teacher')}\nlmbda: 0.0\n"),
+    # LoRA under data parallelism alone (FSDP2 over both ranks), each split alone, and dense TP adapters beside
+    # EP-sharded expert adapters on four ranks
+    "sft-lora": MethodRun("completion", yaml=lambda folder: LORA, method="sft", rel=1e-6, tokens=True, more=("dp2", "ep2-tp2"), adapter=True),
 }
 
 
@@ -251,12 +262,17 @@ def split_of(layout: str) -> str:
     return layout.rstrip("0123456789")
 
 
-def method_layouts(method: str) -> dict[str, tuple[int, list[str]]]:
-    """The two-rank layouts of every split ``method`` declares (``Method.splits``)."""
+def launched(row: str) -> str:
+    """The method a ``MATRIX`` row launches."""
+    return MATRIX[row].method or row
+
+
+def method_layouts(row: str) -> dict[str, tuple[int, list[str]]]:
+    """The two-rank layouts of every split the row's method declares (``Method.splits``), then the row's ``more``."""
     from halo_core.trainers.method import get_method
 
-    splits = get_method(method).splits
-    return {name: layout for name, layout in TWO_RANKS.items() if split_of(name) in splits}
+    splits = get_method(launched(row)).splits
+    return {**{name: layout for name, layout in TWO_RANKS.items() if split_of(name) in splits}, **{name: LAYOUTS[name] for name in MATRIX[row].more}}
 
 
 class MethodRuns:
@@ -275,7 +291,7 @@ class MethodRuns:
     def launch(self, method: str, output_dir: Path, nproc: int, *args: str, env: dict | None = None) -> Path:
         """``halo launch`` of the method's run file under SGD, its fields, then ``args``."""
         spec = MATRIX[method]
-        return launch(method, self.config(method), output_dir, nproc, *OPTIMIZERS["sgd"], *spec.args, *args, common=list(spec.common), env=env)
+        return launch(launched(method), self.config(method), output_dir, nproc, *OPTIMIZERS["sgd"], *spec.args, *args, common=list(spec.common), env=env)
 
     def single(self, method: str) -> Path:
         if method not in self._singles:
@@ -290,13 +306,14 @@ class MethodRuns:
 
             out = self._factory.mktemp(f"{method}-{name}") / "run"
             env = {ENV: str(out.parent / "tensor-bytes")} if MATRIX[method].planned else None
-            self._layouts[method, name] = self.launch(method, out, TWO_RANKS[name][0], *TWO_RANKS[name][1], env=env)
+            self._layouts[method, name] = self.launch(method, out, LAYOUTS[name][0], *LAYOUTS[name][1], env=env)
         return self._layouts[method, name]
 
 
 def assert_matches_single(method: str, out: Path, single: Path, name: str) -> None:
-    """``out`` (a run of ``method`` at layout ``name``) logged one process's metrics and ended on its weights: the
-    method's keys within 1e-5, ``num_tokens`` exactly, every post-SGD weight within 1e-4 relative."""
+    """``out`` (a run of ``method``, a ``MATRIX`` row, at layout ``name``) logged one process's metrics and ended on its
+    weights: the row's keys within 1e-5, ``num_tokens`` exactly, every post-SGD weight (or adapter weight) within 1e-4
+    relative."""
     import pytest
 
     from halo_core.testing.compare import assert_close
@@ -312,6 +329,12 @@ def assert_matches_single(method: str, out: Path, single: Path, name: str) -> No
         assert logged(out, "num_tokens") == logged(single, "num_tokens")
     if spec.quiet:
         assert not noise_in(console(out).read_text())
-    expected = weights(single, spec.auto_class)
-    for key, tensor in weights(out, spec.auto_class).items():
+    if spec.adapter:
+        from safetensors.torch import load_file
+
+        expected, got = (load_file(str(folder / "adapter_model.safetensors")) for folder in (single, out))
+        assert sorted(got) == sorted(expected)
+    else:
+        expected, got = weights(single, spec.auto_class), weights(out, spec.auto_class)
+    for key, tensor in got.items():
         assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
