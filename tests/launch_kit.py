@@ -299,8 +299,8 @@ class MethodRuns:
         return self._singles[method]
 
     def layout(self, method: str, name: str) -> Path:
-        """The run at ``TWO_RANKS[name]``; a method that ``MethodRun.planned`` also writes each rank's tensor bytes beside
-        it (``assert_planned``'s folder)."""
+        """The run at ``LAYOUTS[name]``; a row that is ``MethodRun.planned`` also writes each rank's tensor bytes beside it
+        (``assert_planned``'s folder)."""
         if (method, name) not in self._layouts:
             from halo_core.trainers.parts.tensor_bytes import ENV
 
