@@ -70,3 +70,12 @@ def run_halo(*args: str, env: dict | None = None, cwd: Path | None = None) -> su
         cwd=cwd,
         timeout=300,
     )
+
+
+@pytest.fixture(scope="session")
+def method_runs(tmp_path_factory):
+    """Each method's run file and one-process reference (``launch_kit.MethodRuns``), made once for the whole session:
+    the equivalence matrix and the method's own file (stock trainer, precomputed reference) compare against the same run."""
+    from launch_kit import MethodRuns
+
+    return MethodRuns(tmp_path_factory)

@@ -10,7 +10,9 @@ import json
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -179,3 +181,160 @@ def launch_tool_default(name: str, cwd: Path) -> tuple[Path, dict]:
     assert not noise_in(result.stdout + result.stderr)
     assert (out / "model.safetensors").exists()
     return out, json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
+
+
+def moe_teacher(folder: Path) -> Path:
+    """The tiny MoE at seed 1 with the tiny tokenizer, saved: the distill runs' teacher (another seed, a live divergence)."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(1)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(TINY / name, folder)
+    return folder
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """How the equivalence matrix launches one method and what it compares (tests/test_equivalence_matrix.py): written
+    once here so the matrix and the method's own tests (stock trainer, precomputed reference) share one reference run."""
+
+    kind: str  #: the rows (``uneven_rows``)
+    yaml: Callable[[Path], str] = lambda folder: ""  #: more YAML for the run, given its folder (may write files there)
+    args: tuple[str, ...] = ()  #: fields after SGD's
+    common: tuple[str, ...] = tuple(COMMON)
+    auto_class: str = "AutoModelForCausalLM"
+    keys: tuple[str, ...] = ("loss",)  #: logged metrics held to one process within 1e-5 (and ``rel``)
+    rel: float = 0.0
+    tokens: bool = False  #: TRL's ``num_tokens`` logged and equal to one process's
+    planned: bool = False  #: ``halo plan``'s bytes per rank equal the run's real ones (``assert_planned``)
+    live: tuple[str, float] | None = None  #: (metric, bound): one process's metric exceeds bound somewhere, so it is under test
+    quiet: bool = False  #: the run prints none of ``NOISE``
+    method: str | None = None  #: the method ``halo launch`` runs, where the row's name is not one (``sft-lora``)
+    more: tuple[str, ...] = ()  #: layouts (``LAYOUTS``) beyond each declared split alone on two ranks
+    adapter: bool = False  #: a LoRA run: the adapter the run writes is compared (the base stays frozen)
+
+
+#: Evaluation every step, two rows a rank: the sequence methods' runs carry it, so tests/test_evaluation.py reads their
+#: evaluation metrics off the matrix's runs instead of launching the same training again.
+EVAL_FIELDS = ("--eval_strategy=steps", "--eval_steps=1", "--per_device_eval_batch_size=2")
+
+
+def with_eval(kind: str, extra: str = "") -> Callable[[Path], str]:
+    """A ``MethodRun.yaml`` that also writes 8 evaluation rows of ``kind`` (seed 3: other rows than training's): with
+    two a rank on two ranks they fill every batch, so the stock mean over rows is one process's on every layout."""
+
+    def yaml(folder: Path) -> str:
+        (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in uneven_rows(kind, count=8, seed=3)))
+        return extra + "eval_dataset:\n  - path: eval.jsonl\n"
+
+    return yaml
+
+
+#: LoRA on the tiny MoE with TRL's keys (``all-linear``: attention, router and every fused expert, as PEFT reads it).
+LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
+#: Layouts beside ``TWO_RANKS`` a row may add (``MethodRun.more``).
+LAYOUTS = {**TWO_RANKS, "dp2": (2, []), "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"])}
+
+#: Every method whose splits the matrix holds to one process. SFT's layouts (compositions, ring attention, AdamW) are
+#: tests/test_launch_layouts.py's; GRPO and SDPG compare generated completions too (their own files).
+MATRIX = {
+    "dpo": MethodRun("preference", yaml=with_eval("preference"), args=EVAL_FIELDS, keys=("loss", "rewards/margins", "logps/chosen", "logps/rejected"), rel=1e-6, tokens=True),
+    "kto": MethodRun("unpaired", keys=("loss", "kl", "rewards/margins"), tokens=True, live=("kl", 0.0), quiet=True),
+    "smpo": MethodRun("preference", args=("--learning_rate=0.05",), keys=("loss", "rewards/margins", "margin"), rel=1e-6, tokens=True),
+    "reward": MethodRun("preference", common=tuple(HEAD_COMMON), auto_class="AutoModelForSequenceClassification",
+                        keys=("loss", "accuracy", "margin", "mean_reward"), rel=1e-6, tokens=True, planned=True),
+    "classify": MethodRun("labelled", yaml=with_eval("labelled", "num_labels: 3\n"), args=EVAL_FIELDS, common=tuple(HEAD_COMMON),
+                          auto_class="AutoModelForSequenceClassification", planned=True),
+    "offline-grpo": MethodRun("groups", yaml=lambda folder: "loss_type: bnpo\n", common=tuple(HEAD_COMMON),
+                              keys=("loss", "logps/better", "logps/worse", "advantages/abs_mean"), rel=1e-6, live=("loss", 1e-3)),
+    "distill": MethodRun("completion", yaml=lambda folder: f"teacher_model_name_or_path: {moe_teacher(folder / 'teacher')}\nlmbda: 0.0\n"),
+    # LoRA under data parallelism alone (FSDP2 over both ranks), each split alone, and dense TP adapters beside
+    # EP-sharded expert adapters on four ranks
+    "sft-lora": MethodRun("completion", yaml=lambda folder: LORA, method="sft", rel=1e-6, tokens=True, more=("dp2", "ep2-tp2"), adapter=True),
+}
+
+
+def split_of(layout: str) -> str:
+    """The split a ``TWO_RANKS`` layout runs alone (``ep2`` -> ``ep``)."""
+    return layout.rstrip("0123456789")
+
+
+def launched(row: str) -> str:
+    """The method a ``MATRIX`` row launches."""
+    return MATRIX[row].method or row
+
+
+def method_layouts(row: str) -> dict[str, tuple[int, list[str]]]:
+    """The two-rank layouts of every split the row's method declares (``Method.splits``), then the row's ``more``."""
+    from halo_core.trainers.method import get_method
+
+    splits = get_method(launched(row)).splits
+    return {**{name: layout for name, layout in TWO_RANKS.items() if split_of(name) in splits}, **{name: LAYOUTS[name] for name in MATRIX[row].more}}
+
+
+class MethodRuns:
+    """Per method, its run file, one-process SGD reference and two-rank layout runs, each made on first use and kept for
+    the session: a test that needs the same run reads it instead of launching it again."""
+
+    def __init__(self, tmp_path_factory) -> None:
+        self._factory, self._configs, self._singles, self._layouts = tmp_path_factory, {}, {}, {}
+
+    def config(self, method: str) -> Path:
+        if method not in self._configs:
+            folder, spec = self._factory.mktemp(method), MATRIX[method]
+            self._configs[method] = write_run(folder, spec.kind, spec.yaml(folder))
+        return self._configs[method]
+
+    def launch(self, method: str, output_dir: Path, nproc: int, *args: str, env: dict | None = None) -> Path:
+        """``halo launch`` of the method's run file under SGD, its fields, then ``args``."""
+        spec = MATRIX[method]
+        return launch(launched(method), self.config(method), output_dir, nproc, *OPTIMIZERS["sgd"], *spec.args, *args, common=list(spec.common), env=env)
+
+    def single(self, method: str) -> Path:
+        if method not in self._singles:
+            self._singles[method] = self.launch(method, self.config(method).parent / "single", 1)
+        return self._singles[method]
+
+    def layout(self, method: str, name: str) -> Path:
+        """The run at ``LAYOUTS[name]``; a row that is ``MethodRun.planned`` also writes each rank's tensor bytes beside it
+        (``assert_planned``'s folder)."""
+        if (method, name) not in self._layouts:
+            from halo_core.trainers.parts.tensor_bytes import ENV
+
+            out = self._factory.mktemp(f"{method}-{name}") / "run"
+            env = {ENV: str(out.parent / "tensor-bytes")} if MATRIX[method].planned else None
+            self._layouts[method, name] = self.launch(method, out, LAYOUTS[name][0], *LAYOUTS[name][1], env=env)
+        return self._layouts[method, name]
+
+
+def assert_matches_single(method: str, out: Path, single: Path, name: str) -> None:
+    """``out`` (a run of ``method``, a ``MATRIX`` row, at layout ``name``) logged one process's metrics and ended on its
+    weights: the row's keys within 1e-5, ``num_tokens`` exactly, every post-SGD weight (or adapter weight) within 1e-4
+    relative."""
+    import pytest
+
+    from halo_core.testing.compare import assert_close
+
+    spec = MATRIX[method]
+    assert len(logged(single, "loss")) == STEPS
+    if spec.live:
+        key, bound = spec.live
+        assert max(abs(x) for x in logged(single, key)) > bound, f"{key} is trivially {logged(single, key)}"
+    for key in spec.keys:
+        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=spec.rel), key
+    if spec.tokens:
+        assert logged(out, "num_tokens") == logged(single, "num_tokens")
+    if spec.quiet:
+        assert not noise_in(console(out).read_text())
+    if spec.adapter:
+        from safetensors.torch import load_file
+
+        expected, got = (load_file(str(folder / "adapter_model.safetensors")) for folder in (single, out))
+        assert sorted(got) == sorted(expected)
+    else:
+        expected, got = weights(single, spec.auto_class), weights(out, spec.auto_class)
+    for key, tensor in got.items():
+        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)

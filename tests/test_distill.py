@@ -1,6 +1,6 @@
-"""`halo launch distill`: the divergences against their formulas, one process against stock `GKDTrainer`, every declared
-split on two ranks against one process (fixed data), on-policy rows with a dense teacher under FSDP2 beside an EP
-student, self-distillation, and the refusals before start.
+"""`halo launch distill`: the divergences against their formulas, one process against stock `GKDTrainer`, on-policy rows with a dense teacher under FSDP2 beside an EP
+student, self-distillation, and the refusals before start (every declared split on two ranks against one process on
+fixed data: tests/test_equivalence_matrix.py).
 
 The teacher is the tiny MoE at another seed (or a tiny dense Qwen3 on the same tokenizer). float32, gloo, SGD: logged
 losses within 1e-5, weights within 1e-4 relative.
@@ -17,7 +17,7 @@ import torch
 
 from halo_core.methods.divergence import generalized_jsd
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, launch, logged, uneven_rows, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, assert_planned, launch, logged, moe_teacher, uneven_rows, weights, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -37,8 +37,7 @@ def teachers(tmp_path_factory) -> dict[str, Path]:
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 
     root = tmp_path_factory.mktemp("teachers")
-    torch.manual_seed(1)
-    moe = _save(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)), root / "moe")
+    moe = moe_teacher(root / "moe")  # the teacher of the matrix's distill runs (launch_kit.MATRIX)
     config = Qwen3Config(vocab_size=320, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=12, max_position_embeddings=128, pad_token_id=0, eos_token_id=3)
     torch.manual_seed(2)
@@ -47,13 +46,10 @@ def teachers(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory, teachers) -> Path:
-    return write_run(tmp_path_factory.mktemp("distill"), "completion", f"teacher_model_name_or_path: {teachers['moe']}\nlmbda: 0.0\n")
-
-
-@pytest.fixture(scope="module")
-def single(run_file, tmp_path_factory) -> Path:
-    return launch("distill", run_file, tmp_path_factory.mktemp("single") / "run", 1, *OPTIMIZERS["sgd"])
+def single(method_runs) -> Path:
+    """One process over the MoE teacher (fixed data): the run the equivalence matrix compares every split against
+    (tests/test_equivalence_matrix.py)."""
+    return method_runs.single("distill")
 
 
 # -- the divergences ----------------------------------------------------------------------------------------------
@@ -153,19 +149,6 @@ def test_one_process_is_stock_gkd(single, teachers, tmp_path):
     assert min(logged(single, "loss")) > 1e-3  # a teacher at another seed: the divergence is live
     for key, tensor in weights(single).items():
         assert_close(tensor, stock_weights[key], f"{key} after {STEPS} SGD steps, Halo against stock GKDTrainer", rtol=1e-4)
-
-
-# -- layouts ---------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name", list(TWO_RANKS))
-def test_split_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
-    """The teacher takes the student's split (an MoE teacher); CP and TP feed both the same sequence chunks."""
-    nproc, layout = TWO_RANKS[name]
-    out = launch("distill", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
-    assert logged(out, "loss") == pytest.approx(logged(single, "loss"), abs=1e-5, rel=0)
-    expected = weights(single)
-    for key, tensor in weights(out).items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
 
 
 def test_on_policy_rows_with_a_dense_teacher_beside_an_ep_student(teachers, tmp_path):

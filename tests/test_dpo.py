@@ -1,5 +1,5 @@
-"""`halo launch dpo`: every split the method declares against one process (losses within 1e-5, post-SGD
-weights within 1e-4), one process against stock `trl.DPOTrainer`, and the MoE auxiliary loss kept."""
+"""`halo launch dpo`: one process against stock `trl.DPOTrainer`, the MoE auxiliary loss kept, the precomputed reference
+under TP and resuming on ep2 against one process (every declared split: tests/test_equivalence_matrix.py)."""
 
 from __future__ import annotations
 
@@ -10,41 +10,25 @@ import pytest
 import torch
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, uneven_rows, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, launch, logged, uneven_rows, weights
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
-#: Each split on two ranks (compositions and ring attention are SFT's tests' concern: the pool is the same code).
-LAYOUTS = TWO_RANKS
+@pytest.fixture(scope="module")
+def run_file(method_runs):
+    return method_runs.config("dpo")
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("dpo"), "preference")
-
-
-@pytest.fixture(scope="module")
-def single(run_file):
-    return launch("dpo", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"])
+def single(method_runs):
+    """The one-process run the equivalence matrix compares every layout against (tests/test_equivalence_matrix.py)."""
+    return method_runs.single("dpo")
 
 
 def test_pairs_differ_in_length_within_every_batch(run_file):
     rows = uneven_rows("preference")
     lengths = [(len(r["chosen"][0]["content"]), len(r["rejected"][0]["content"])) for r in rows[:GLOBAL_BATCH * STEPS]]
     assert len({c for c, _ in lengths} | {r for _, r in lengths}) >= 5 and any(c != r for c, r in lengths)
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
-    nproc, layout = LAYOUTS[name]
-    out = launch("dpo", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
-    assert len(logged(single, "loss")) == STEPS
-    for key in ("loss", "rewards/margins", "logps/chosen", "logps/rejected"):
-        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
-    assert logged(out, "num_tokens") == logged(single, "num_tokens")
-    expected = weights(single)
-    for key, tensor in weights(out).items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
 
 
 def test_precomputed_reference_log_probs_match_the_kept_reference_under_tp(single, run_file, tmp_path):

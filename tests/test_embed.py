@@ -1,6 +1,7 @@
 """`halo launch embed`: EP2 against one process (losses within 1e-5, post-SGD weights within 1e-4: the in-batch negatives
 are gathered over both ranks, and per-rank negatives would give another loss), one process against stock
-`SentenceTransformerTrainer`, the written directory loaded by `SentenceTransformer(path)`, and the refusals before start."""
+`SentenceTransformerTrainer`, the written directory loaded by `SentenceTransformer(path)`, EP2's retrieval metrics (an
+evaluation at the last step) against one process's, and the refusals before start."""
 
 from __future__ import annotations
 
@@ -36,20 +37,25 @@ def pair_rows(count: int = 64, seed: int = 11) -> list[dict]:
 def run_file(tmp_path_factory):
     folder = tmp_path_factory.mktemp("embed")
     (folder / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair_rows()))
+    (folder / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair_rows(count=13, seed=4)))
     config = folder / "run.yaml"
-    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: pairs.jsonl\n")
+    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: pairs.jsonl\neval_dataset:\n  - path: eval.jsonl\n")
     return config
+
+
+#: The last step evaluates (``single`` and ``ep2``): their retrieval metrics are compared too, at no extra launch.
+EVAL = [f"--eval_steps={STEPS}", "--eval_strategy=steps", "--per_device_eval_batch_size=4"]
 
 
 @pytest.fixture(scope="module")
 def single(run_file):
-    return launch("embed", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"], common=HEAD_COMMON)
+    return launch("embed", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"], *EVAL, common=HEAD_COMMON)
 
 
 @pytest.fixture(scope="module")
 def ep2(run_file):
     nproc, layout = TWO_RANKS["ep2"]
-    return launch("embed", run_file, run_file.parent / "ep2", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON)
+    return launch("embed", run_file, run_file.parent / "ep2", nproc, *OPTIMIZERS["sgd"], *EVAL, *layout, common=HEAD_COMMON)
 
 
 class _Recording:
@@ -116,6 +122,19 @@ def test_ep2_gathers_negatives_and_equals_one_process(single, ep2, stock):
     # FSDP2's view warning on the root unit and sentence-transformers' all_gather deprecation, both shown harmless
     # (``embed._quiet_harmless``): this launch's gradients are the ones compared above
     assert not noise_in(console(ep2).read_text())
+
+
+def test_ep2_reports_the_retrieval_metrics_of_one_process(single, ep2):
+    """``embed`` evaluates with sentence-transformers' ``InformationRetrievalEvaluator`` over the evaluation pairs (each
+    anchor's own positive the one relevant document): every rank encodes the whole set, so EP2 gives one process's."""
+
+    def retrieval(out):
+        state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+        return [{k: v for k, v in e.items() if k.startswith("eval_retrieval_")} for e in state["log_history"] if "eval_loss" in e]
+
+    expected = retrieval(single)
+    assert len(expected) == 1 and "eval_retrieval_cosine_accuracy@1" in expected[0] and "eval_retrieval_cosine_ndcg@10" in expected[0]
+    assert retrieval(ep2) == [pytest.approx(expected[0], abs=1e-5)]
 
 
 def test_one_process_equals_stock_trainer(single, stock):

@@ -124,27 +124,22 @@ def test_wrong_eval_keys_are_refused_in_one_line(tmp_path, extra, message):
     assert message in str(refused.value) and "\n" not in str(refused.value)
 
 
-#: method -> (row kind, extra YAML, logged eval metrics beside eval_loss). Their losses are each row's own: the stock mean
-#: over rows is one process's on every layout where the evaluation set fills every batch (8 rows, 2 a rank, 2 ranks).
-SEQUENCE = {"dpo": ("preference", "", ("eval_rewards/margins", "eval_rewards/accuracies", "eval_rewards/chosen")),
-            "classify": ("labelled", "num_labels: 3\n", ("eval_accuracy",))}
+#: method -> logged eval metrics beside eval_loss. Their losses are each row's own: the stock mean over rows is one
+#: process's on every layout where the evaluation set fills every batch (8 rows, 2 a rank, 2 ranks). The runs are the
+#: equivalence matrix's (``launch_kit.MATRIX``: these methods' runs evaluate every step, ``with_eval``), not launched again.
+SEQUENCE = {"dpo": ("eval_rewards/margins", "eval_rewards/accuracies", "eval_rewards/chosen"), "classify": ("eval_accuracy",)}
 
 
 @pytest.mark.parametrize("method", sorted(SEQUENCE))
-def test_sequence_methods_report_their_eval_metrics_equal_on_tp2(tmp_path, method):
-    from launch_kit import COMMON, HEAD_COMMON
+def test_sequence_methods_report_their_eval_metrics_equal_on_tp2(method_runs, method):
+    from launch_kit import EVAL_FIELDS, MATRIX
 
-    kind, extra, keys = SEQUENCE[method]
-    rows = uneven_rows(kind, count=8, seed=3)
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = write_run(tmp_path, kind, extra + "eval_dataset:\n  - path: eval.jsonl\n")
-    common = HEAD_COMMON if method == "classify" else COMMON
-    one = launch(method, config, tmp_path / "one", 1, *EVAL, common=common)
-    tp2 = launch(method, config, tmp_path / "tp2", 2, *EVAL, "--tensor_parallel_size=2", common=common)
+    assert set(EVAL_FIELDS) <= set(MATRIX[method].args)  # evaluation every step, two rows a rank
+    one, tp2 = method_runs.single(method), method_runs.layout(method, "tp2")
 
     def metrics(out):
         state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
-        return [[e[k] for k in ("eval_loss", *keys)] for e in state["log_history"] if "eval_loss" in e]
+        return [[e[k] for k in ("eval_loss", *SEQUENCE[method])] for e in state["log_history"] if "eval_loss" in e]
 
     expected = metrics(one)
     assert len(expected) == STEPS
@@ -170,26 +165,3 @@ def test_grpo_evaluates_its_prompts_with_routing_replay(tmp_path):
     trainer = HaloGRPOTrainer(model=model, args=args, train_dataset=rows, eval_dataset=rows, processing_class=AutoTokenizer.from_pretrained(TINY))
     metrics = trainer.evaluate()
     assert "eval_reward" in metrics and "eval_completions/mean_length" in metrics, sorted(metrics)
-
-
-def test_embed_reports_retrieval_metrics_of_one_process_on_ep2(tmp_path):
-    """``embed`` evaluates with sentence-transformers' ``InformationRetrievalEvaluator`` over the evaluation pairs (each
-    anchor's own positive the one relevant document): every rank encodes the whole set, so EP2 gives one process's."""
-    from launch_kit import HEAD_COMMON, OPTIMIZERS
-    from test_embed import pair_rows
-
-    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair_rows()))
-    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pair_rows(count=13, seed=4)))
-    config = tmp_path / "run.yaml"
-    config.write_text(f"model_name_or_path: {TINY}\nrandom_init: true\ndataset:\n  - path: pairs.jsonl\neval_dataset:\n  - path: eval.jsonl\n")
-    args = [*OPTIMIZERS["sgd"], f"--eval_steps={STEPS}", "--eval_strategy=steps", "--per_device_eval_batch_size=4"]
-    one = launch("embed", config, tmp_path / "one", 1, *args, common=HEAD_COMMON)
-    two = launch("embed", config, tmp_path / "two", 2, *args, *TWO_RANKS["ep2"][1], common=HEAD_COMMON)
-
-    def retrieval(out):
-        state = json.loads((out / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
-        return [{k: v for k, v in e.items() if k.startswith("eval_retrieval_")} for e in state["log_history"] if "eval_loss" in e]
-
-    expected = retrieval(one)
-    assert len(expected) == 1 and "eval_retrieval_cosine_accuracy@1" in expected[0] and "eval_retrieval_cosine_ndcg@10" in expected[0]
-    assert retrieval(two) == [pytest.approx(expected[0], abs=1e-5)]

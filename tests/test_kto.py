@@ -1,5 +1,6 @@
-"""`halo launch kto`: one process against stock `trl.KTOTrainer` (with and without the MoE aux loss), every
-declared split on two ranks against one process, the refusals before start, and the embedded default.
+"""`halo launch kto`: one process against stock `trl.KTOTrainer` (with and without the MoE aux loss), the
+precomputed reference under TP against one process, the refusals before start, and the embedded default
+(every declared split against one process: tests/test_equivalence_matrix.py).
 
 The global batch is 4 in every layout (launch_kit). KTO's KL term is estimated from completions rotated
 within the rows that TRL's gather averages together, the global batch (``halo_core.methods.kto``), so
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, console, launch, logged, noise_in, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, launch, logged, weights
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -26,19 +27,20 @@ AUX = ["--router_aux_loss_coef=0.5"]  # after launch_kit.COMMON's 0.0, so it win
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory) -> Path:
-    return write_run(tmp_path_factory.mktemp("kto"), "unpaired")
+def run_file(method_runs) -> Path:
+    return method_runs.config("kto")
 
 
 @pytest.fixture(scope="module")
-def single(run_file, tmp_path_factory):
-    """One process, run on first use: ``plain`` (no aux loss) and ``aux`` (router_aux_loss_coef 0.5)."""
+def single(method_runs, run_file, tmp_path_factory):
+    """One process, run on first use: ``plain`` (no aux loss: the run the equivalence matrix compares every layout
+    against, tests/test_equivalence_matrix.py) and ``aux`` (router_aux_loss_coef 0.5)."""
     done = {}
 
     def get(name: str) -> Path:
         if name not in done:
-            extra = AUX if name == "aux" else []
-            done[name] = launch("kto", run_file, tmp_path_factory.mktemp(f"single-{name}") / "run", 1, *OPTIMIZERS["sgd"], *extra)
+            done[name] = (method_runs.single("kto") if name == "plain"
+                          else launch("kto", run_file, tmp_path_factory.mktemp(f"single-{name}") / "run", 1, *OPTIMIZERS["sgd"], *AUX))
         return done[name]
 
     return get
@@ -88,22 +90,6 @@ def test_one_process_is_stock_trl(single, run_file, tmp_path, name, coef):
         assert "aux_loss" not in halo_logs[0]
     for key, tensor in weights(out).items():
         assert_close(tensor, stock_weights[key], f"{key} after {STEPS} SGD steps, Halo against stock KTOTrainer", rtol=1e-4)
-
-
-@pytest.mark.parametrize("name", list(TWO_RANKS))
-def test_split_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
-    nproc, layout = TWO_RANKS[name]
-    out = launch("kto", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
-    reference = single("plain")
-    for key in ("loss", "kl", "rewards/margins"):
-        assert logged(out, key) == pytest.approx(logged(reference, key), abs=1e-5, rel=0), key
-    assert logged(out, "num_tokens") == logged(reference, "num_tokens")
-    assert max(logged(reference, "kl")) > 0  # the KL term is live, so its pairing is under test
-    # TRL's default activation checkpointing, passed under transformers 5's name: none of its deprecation warnings
-    assert not noise_in(console(out).read_text())
-    expected = weights(reference)
-    for key, tensor in weights(out).items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
 
 
 def test_precomputed_reference_under_tp_is_the_kept_reference(single, run_file, tmp_path):

@@ -1,8 +1,9 @@
 """LoRA on the tiny MoE with TRL's keys (``all-linear``: attention, router and every fused expert, as PEFT reads it).
 
-Every split LoRA declares against one process (losses within 1e-5, adapter weights after SGD steps within
-1e-4, uneven lengths); one process against stock TRL + PEFT ``target_parameters``; only adapters train;
-PEFT's loader and the merged export reproduce the trained model; an EP2 resume continues exactly."""
+One process against stock TRL + PEFT ``target_parameters``; only adapters train; PEFT's loader and the merged export
+reproduce the trained model; an EP2 x TP2 resume continues exactly; DPO's reference and a score head under EP2. Every
+split LoRA declares against one process (losses within 1e-5, adapter weights after SGD steps within 1e-4, uneven
+lengths) is tests/test_equivalence_matrix.py's ``sft-lora`` row."""
 
 from __future__ import annotations
 
@@ -13,24 +14,19 @@ import torch
 from safetensors.torch import load_file
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, console, launch, logged, noise_in, write_run
+from launch_kit import GLOBAL_BATCH, LORA, OPTIMIZERS, STEPS, TINY, assert_planned, console, launch, logged, noise_in, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
-LORA = "use_peft: true\nlora_r: 4\nlora_alpha: 8\nlora_dropout: 0.0\nlora_target_modules: all-linear\n"
-#: LoRA under data parallelism alone (FSDP2 over both ranks), each split alone on two ranks, and dense TP adapters
-#: beside EP-sharded expert adapters on four.
-LAYOUTS = {"dp2": (2, []), **TWO_RANKS, "ep2-tp2": (4, ["--expert_parallel_size=2", "--tensor_parallel_size=2"])}
+@pytest.fixture(scope="module")
+def run_file(method_runs):
+    return method_runs.config("sft-lora")
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("lora"), "completion", LORA)
-
-
-@pytest.fixture(scope="module")
-def single(run_file):
-    return launch("sft", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"])
+def single(method_runs):
+    """The one-process run the equivalence matrix compares every layout against (tests/test_equivalence_matrix.py)."""
+    return method_runs.single("sft-lora")
 
 
 def adapter(out) -> dict[str, torch.Tensor]:
@@ -49,20 +45,6 @@ def test_the_adapter_reaches_attention_router_and_every_expert(single):
     # PEFT's "rank_pattern keys ... were ignored" (the fused pair's key, which the grouped LoRA reads) and "Already
     # found a peft_config attribute" (one adapter injected in several calls) were false alarms, no longer raised
     assert not noise_in(console(single).read_text())
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_logs_the_single_process_losses_and_ends_on_its_adapter(single, run_file, tmp_path, name):
-    nproc, layout = LAYOUTS[name]
-    out = launch("sft", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout)
-    assert len(logged(single, "loss")) == STEPS
-    assert logged(out, "loss") == pytest.approx(logged(single, "loss"), abs=1e-5, rel=1e-6)
-    assert logged(out, "num_tokens") == logged(single, "num_tokens")
-    expected = adapter(single)
-    got = adapter(out)
-    assert sorted(got) == sorted(expected)
-    for key, tensor in got.items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
 
 
 def test_one_process_equals_stock_trl_with_peft_target_parameters(single, run_file, tmp_path):

@@ -1,6 +1,6 @@
 """`halo launch offline-grpo`: the trainer's loss is the direct formula of each loss type on the model's own
-log-probs and hand-computed advantages; every declared split equals one process (losses within 1e-5, post-SGD
-weights within 1e-4) on groups whose completions differ in length; malformed groups are refused before start."""
+log-probs and hand-computed advantages; malformed groups are refused before start (every declared split against one
+process on groups whose completions differ in length: tests/test_equivalence_matrix.py)."""
 
 from __future__ import annotations
 
@@ -10,35 +10,15 @@ import re
 import pytest
 import torch
 
-from halo_core.testing.compare import assert_close
-from launch_kit import HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+from launch_kit import TINY
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
-LAYOUTS = {name: TWO_RANKS[name] for name in ("ep2", "tp2", "etp2")}  # the method's splits (no cp)
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("offline_grpo"), "groups", "loss_type: bnpo\n")
-
-
-@pytest.fixture(scope="module")
-def single(run_file):
-    return launch("offline-grpo", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"], common=HEAD_COMMON)
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
-    nproc, layout = LAYOUTS[name]
-    out = launch("offline-grpo", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON)
-    assert len(logged(single, "loss")) == STEPS
-    assert any(abs(x) > 1e-3 for x in logged(single, "loss"))  # bnpo over uneven lengths: the loss is not trivially 0
-    for key in ("loss", "logps/better", "logps/worse", "advantages/abs_mean"):
-        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
-    expected = weights(single)
-    for key, tensor in weights(out).items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+def run_file(method_runs):
+    return method_runs.config("offline-grpo")
 
 
 def _direct(model, rows, loss_type, max_completion_length=64):

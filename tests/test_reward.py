@@ -1,5 +1,5 @@
-"""`halo launch reward`: every split the method declares against one process (losses within 1e-5, post-SGD
-weights within 1e-4), one process against stock `trl.RewardTrainer`, and the refusals before start."""
+"""`halo launch reward`: one process against stock `trl.RewardTrainer`, and the refusals before start (every split the
+method declares against one process: tests/test_equivalence_matrix.py)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,22 @@ import pytest
 import torch
 
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, HEAD_COMMON, OPTIMIZERS, STEPS, TINY, TWO_RANKS, assert_planned, launch, logged, weights, write_run
+from launch_kit import GLOBAL_BATCH, STEPS, TINY, logged, weights, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
-LAYOUTS = {name: TWO_RANKS[name] for name in ("ep2", "tp2", "etp2")}  # the method's splits (no cp)
 SEQ_CLS = "AutoModelForSequenceClassification"
 
 
 @pytest.fixture(scope="module")
-def run_file(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("reward"), "preference")
+def run_file(method_runs):
+    return method_runs.config("reward")
 
 
 @pytest.fixture(scope="module")
-def single(run_file):
-    return launch("reward", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"], common=HEAD_COMMON)
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
-    nproc, layout = LAYOUTS[name]
-    out = launch("reward", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], *layout, common=HEAD_COMMON,
-                 env={"HALO_TENSOR_BYTES": str(tmp_path / "tensor-bytes")})
-    # halo plan counts the score head the run holds, not the language-model head: its bytes are the real ones, by rank
-    assert_planned("reward", run_file, out, nproc, [*OPTIMIZERS["sgd"], *layout], common=HEAD_COMMON)
-    assert len(logged(single, "loss")) == STEPS
-    for key in ("loss", "accuracy", "margin", "mean_reward"):
-        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
-    assert logged(out, "num_tokens") == logged(single, "num_tokens")
-    expected = weights(single, SEQ_CLS)
-    for key, tensor in weights(out, SEQ_CLS).items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)
+def single(method_runs):
+    """The one-process run the equivalence matrix compares every layout against (tests/test_equivalence_matrix.py)."""
+    return method_runs.single("reward")
 
 
 def test_one_process_equals_stock_reward_trainer(single, run_file, tmp_path):

@@ -1,6 +1,6 @@
 """SMPO has no stock trainer: its loss against a direct implementation of the formula on hand-built
 log-probs (margin schedule and floor included), the trainer's loss against the formula on a real
-model's log-probs, and every declared split against one process through `halo launch smpo`."""
+model's log-probs (every declared split against one process through `halo launch smpo`: tests/test_equivalence_matrix.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from halo_core.methods.smpo import LOSSES, margin_at, smpo_loss
-from halo_core.testing.compare import assert_close
-from launch_kit import OPTIMIZERS, STEPS, TINY, TWO_RANKS, launch, logged, weights, write_run
+from launch_kit import TINY
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -74,25 +73,3 @@ def test_the_trainer_computes_the_formula_on_the_models_log_probs(tmp_path):
     expected = _direct(means[:2], means[2:], 1.2, 0.1, 0.8, -2.3, "smooth_lower_bound")
     assert loss.item() == pytest.approx(expected, rel=1e-5)
 
-
-@pytest.fixture(scope="module")
-def run_file(tmp_path_factory):
-    return write_run(tmp_path_factory.mktemp("smpo"), "preference")
-
-
-@pytest.fixture(scope="module")
-def single(run_file):
-    return launch("smpo", run_file, run_file.parent / "single", 1, *OPTIMIZERS["sgd"], "--learning_rate=0.05")
-
-
-@pytest.mark.parametrize("name", list(TWO_RANKS))
-def test_layout_logs_the_single_process_losses_and_ends_on_its_weights(single, run_file, tmp_path, name):
-    nproc, layout = TWO_RANKS[name]
-    out = launch("smpo", run_file, tmp_path / "run", nproc, *OPTIMIZERS["sgd"], "--learning_rate=0.05", *layout)
-    assert len(logged(single, "loss")) == STEPS
-    for key in ("loss", "rewards/margins", "margin"):
-        assert logged(out, key) == pytest.approx(logged(single, key), abs=1e-5, rel=1e-6), key
-    assert logged(out, "num_tokens") == logged(single, "num_tokens")
-    expected = weights(single)
-    for key, tensor in weights(out).items():
-        assert_close(tensor, expected[key], f"{key} after {STEPS} SGD steps at {name}", rtol=1e-4)

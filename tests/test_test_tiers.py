@@ -11,6 +11,8 @@ TESTS = Path(__file__).parent
 #: Calls that start processes: spawned ranks, the kits that spawn them, ``launch_kit.launch`` (a real ``halo launch``)
 #: and ``subprocess.Popen`` (servers, launches stopped midway). A ``--dry-run`` through ``run_halo`` starts no rank.
 STARTERS = {"spawn", "run_layouts", "run_composite_layouts", "check_family", "launch", "Popen"}
+#: What the session fixture ``method_runs`` (conftest.py) launches on first use: its one-process and layout runs.
+SHARED_RUNS = {"single", "layout", "launch"}
 
 
 def _starts(node: ast.AST) -> bool:
@@ -18,6 +20,8 @@ def _starts(node: ast.AST) -> bool:
         if isinstance(call, ast.Call):
             func = call.func
             if (isinstance(func, ast.Name) and func.id in STARTERS) or (isinstance(func, ast.Attribute) and func.attr == "Popen"):
+                return True
+            if isinstance(func, ast.Attribute) and func.attr in SHARED_RUNS and ast.unparse(func.value) == "method_runs":
                 return True
     return False
 
@@ -54,4 +58,6 @@ def test_the_check_finds_a_launch_in_a_helper_and_accepts_a_marked_test(tmp_path
     helper.write_text("def _run():\n    spawn(f, 2)\n\ndef test_x():\n    _run()\n")
     marked = tmp_path / "test_b.py"
     marked.write_text("import pytest\n\n@pytest.mark.slow\ndef test_y():\n    launch('sft', c, o, 2)\n\ndef test_z():\n    run_halo('launch', '--dry-run')\n")
-    assert unmarked(helper) == ["_run"] and unmarked(marked) == []
+    shared = tmp_path / "test_c.py"  # the session's shared runs launch on first use; their run file alone does not
+    shared.write_text("def test_u(method_runs):\n    method_runs.single('dpo')\n\ndef test_v(method_runs):\n    method_runs.config('dpo')\n")
+    assert unmarked(helper) == ["_run"] and unmarked(marked) == [] and unmarked(shared) == ["test_u"]
