@@ -38,7 +38,11 @@ def test_json_from_the_config_beside_the_yaml(recipe):
     assert got["family"] == "qwen3-moe" and got["layout"]["ep"] == 2 and got["layout"]["dp"] == 2
     for key in ("parameters", "gradients", "optimizer", "activations", "total"):
         assert isinstance(got["per_gpu"][key], int) and got["per_gpu"][key] > 0, key
-    assert got["per_gpu"]["total"] == sum(v for k, v in got["per_gpu"].items() if k != "total")
+    per = got["per_gpu"]
+    static = lambda p: sum(v for k, v in p.items() if k not in ("total", "gradients", "activations"))  # noqa: E731
+    assert per["total"] == static(per) + max(per["gradients"], per["activations"])  # freed gradients, then activations
+    accumulating = json.loads(plan(recipe, "--nproc", "2", "--json", "--", "--gradient_accumulation_steps=2"))["per_gpu"]
+    assert accumulating["total"] == static(accumulating) + accumulating["gradients"] + accumulating["activations"]
     assert got["fits"] is True and got["checkpoint_bytes"] > got["model_bytes"] > got["per_gpu"]["parameters"]
     tight = json.loads(plan(recipe, "--nproc", "2", "--json", "--gpu-memory", "0.0001"))
     assert tight["fits"] is False
