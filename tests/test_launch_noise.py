@@ -57,7 +57,9 @@ def test_the_run_folder_goes_however_the_workers_end(tmp_path, monkeypatch, endi
         assert launch._torchrun(plan, 2, 1, 0, None) == 1
         assert "halo-worker FAILED" in capsys.readouterr().err
     assert seen == [("fork", {"method": "sft"})]  # no CUDA here: forked from the launcher, which has imported the worker
-    assert list(tmp_path.iterdir()) == []
+    # torch's own inductor cache (torchinductor_USER) lands in the temp folder the first time a process asks for it
+    # (alone, this test's launcher is that process): it is torch's, not the run's
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_where_cuda_is_in_play_the_workers_come_from_a_fork_server_and_train(tmp_path, monkeypatch):
