@@ -155,13 +155,14 @@ def weights(output_dir: Path, auto_class: str = "AutoModelForCausalLM") -> dict[
     return getattr(transformers, auto_class).from_pretrained(output_dir, dtype=torch.float32).state_dict()
 
 
-def saved_tiny_model(folder: Path) -> Path:
-    """The tiny model saved with random weights (seed 0) and its tokenizer: a folder a server or judge can serve."""
+def saved_tiny_model(folder: Path, seed: int = 0) -> Path:
+    """The tiny model saved with random weights (``seed``) and its tokenizer: a folder a server or judge can serve, or
+    (seed 1) the distill runs' teacher, another draw than the student's so the divergence is live."""
     import shutil
 
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(TINY / name, folder)
@@ -181,19 +182,6 @@ def launch_tool_default(name: str, cwd: Path) -> tuple[Path, dict]:
     assert not noise_in(result.stdout + result.stderr)
     assert (out / "model.safetensors").exists()
     return out, json.loads((out / "checkpoint-1" / "trainer_state.json").read_text())["log_history"][0]
-
-
-def moe_teacher(folder: Path) -> Path:
-    """The tiny MoE at seed 1 with the tiny tokenizer, saved: the distill runs' teacher (another seed, a live divergence)."""
-    import shutil
-
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(1)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(TINY)).save_pretrained(folder)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(TINY / name, folder)
-    return folder
 
 
 @dataclass(frozen=True)
@@ -250,7 +238,7 @@ MATRIX = {
                           auto_class="AutoModelForSequenceClassification", planned=True),
     "offline-grpo": MethodRun("groups", yaml=lambda folder: "loss_type: bnpo\n", common=tuple(HEAD_COMMON),
                               keys=("loss", "logps/better", "logps/worse", "advantages/abs_mean"), rel=1e-6, live=("loss", 1e-3)),
-    "distill": MethodRun("completion", yaml=lambda folder: f"teacher_model_name_or_path: {moe_teacher(folder / 'teacher')}\nlmbda: 0.0\n"),
+    "distill": MethodRun("completion", yaml=lambda folder: f"teacher_model_name_or_path: {saved_tiny_model(folder / 'teacher', seed=1)}\nlmbda: 0.0\n"),
     # LoRA under data parallelism alone (FSDP2 over both ranks), each split alone, and dense TP adapters beside
     # EP-sharded expert adapters on four ranks
     "sft-lora": MethodRun("completion", yaml=lambda folder: LORA, method="sft", rel=1e-6, tokens=True, more=("dp2", "ep2-tp2"), adapter=True),

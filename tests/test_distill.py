@@ -17,7 +17,7 @@ import torch
 
 from halo_core.methods.divergence import generalized_jsd
 from halo_core.testing.compare import assert_close
-from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, assert_planned, launch, logged, moe_teacher, uneven_rows, weights, write_run
+from launch_kit import GLOBAL_BATCH, OPTIMIZERS, STEPS, TINY, assert_planned, launch, logged, saved_tiny_model, uneven_rows, weights, write_run
 
 pytestmark = pytest.mark.slow  # starts ranks or runs: left out of the fast tier (README)
 
@@ -37,7 +37,7 @@ def teachers(tmp_path_factory) -> dict[str, Path]:
     from transformers import AutoConfig, AutoModelForCausalLM, Qwen3Config
 
     root = tmp_path_factory.mktemp("teachers")
-    moe = moe_teacher(root / "moe")  # the teacher of the matrix's distill runs (launch_kit.MATRIX)
+    moe = saved_tiny_model(root / "moe", seed=1)  # the teacher of the matrix's distill runs (launch_kit.MATRIX)
     config = Qwen3Config(vocab_size=320, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=12, max_position_embeddings=128, pad_token_id=0, eos_token_id=3)
     torch.manual_seed(2)
